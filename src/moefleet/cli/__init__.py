@@ -1,0 +1,39 @@
+"""The ``moefleet`` command line. Thin: parse arguments, call the library, print.
+
+Every sub-command lives in its own module and is registered here.
+"""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+from moefleet.cli import demo as _demo
+from moefleet.cli import models as _models
+from moefleet.cli import profile as _profile
+from moefleet.cli import traces as _traces
+
+app = typer.Typer(
+    name="moefleet",
+    help="Plan, deploy, serve and scale Mixture-of-Experts models on serverless platforms.\n\n"
+    "Example: moefleet profile --model minilm-moe-e8 --dataset wikitext2 --max-tokens 2048 "
+    "--out trace.parquet",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    add_completion=False,
+)
+app.add_typer(_models.app, name="models")
+app.add_typer(_traces.app, name="traces")
+app.command("profile")(_profile.profile_cmd)
+app.command("demo")(_demo.demo_cmd)
+
+
+def main() -> None:
+    # Hugging Face prints its own progress bars and hub warnings; ours are on stderr.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    app()

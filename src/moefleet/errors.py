@@ -1,0 +1,44 @@
+"""User-facing errors.
+
+Every error that reaches a user at a boundary (CLI, config file, HTTP body, plan) is a
+:class:`MoefleetError`: one line that names the bad value, plus a hint that names the fix.
+The CLI prints ``error: <message>`` and ``hint: <hint>`` and exits with ``exit_code``.
+"""
+
+from __future__ import annotations
+
+
+class MoefleetError(Exception):
+    """A problem the user can fix; ``hint`` says how."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class UnknownNameError(MoefleetError):
+    """A name (model, dataset, platform, policy ...) that is not in its registry."""
+
+
+class UnsupportedModelError(MoefleetError):
+    """A checkpoint whose architecture moefleet has no adapter for."""
+
+
+class DataError(MoefleetError):
+    """Missing, empty or malformed input data."""
+
+
+class MissingExtraError(MoefleetError):
+    """An optional dependency group is not installed."""
+
+    def __init__(self, module: str, extra: str) -> None:
+        super().__init__(
+            f"this feature needs the optional package '{module}'",
+            f"install it with: pip install 'moefleet[{extra}]'",
+        )

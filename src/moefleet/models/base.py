@@ -1,0 +1,258 @@
+"""The one interface moefleet uses to see an MoE model: ``MoEModelAdapter``.
+
+Shape legend (suffixes on tensor names):
+    B batch, T sequence length, N tokens flattened (B*T), D hidden size,
+    F expert intermediate size, E experts in a layer, K experts per token (top-k),
+    H attention heads, V vocabulary.
+
+A model is a stack of ``num_layers`` blocks. Each block l is cut into
+    segment(l)  : everything that is not a routed expert: attention, norms, the router
+                  (gate), dense MLPs and shared experts; block 0 also carries the
+                  embedding and the last block the final norm and the head;
+    experts     : ``num_experts(l)`` standalone FFN modules, only on MoE layers.
+
+The layer-by-layer forward runs exactly these pieces in order:
+
+    embed -> for l: [pre_moe(l) -> route -> experts via expert_fn -> post_moe(l)] -> head
+
+so a runtime can execute ``expert_fn`` somewhere else (another process, a serverless
+function) and still get the model's own output. Invariant checked by the tests:
+``forward_layerwise(ids)`` equals the model's own forward to 1e-5 in fp32.
+
+Routers follow one convention so the recorder and the executor need no per-family code:
+the module returned by ``router_module(l)`` maps x_ND to ``(logits_NE, weights_NK, ids_NK)``.
+Attention modules return ``(out, probs_BHTT | None)``; probabilities are materialised only
+inside ``adapter.eager_attention()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+# expert_fn(layer, x_ND, ids_NK, weights_NK) -> y_ND: the weighted sum of the chosen
+# experts' outputs for every token (no residual, no shared expert).
+ExpertFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class ForwardContext:
+    """Per-batch state every segment needs: masks and position encodings."""
+
+    input_ids_BT: torch.Tensor
+    attention_mask_BT: torch.Tensor | None
+    position_ids_BT: torch.Tensor
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    name: str
+    family: str
+    num_layers: int
+    moe_layers: list[int]
+    num_experts: list[int]
+    top_k: int
+    hidden_size: int
+    vocab_size: int
+    expert_param_bytes: int
+    non_expert_param_bytes: int
+    total_param_bytes: int
+    causal: bool
+
+
+def param_bytes(module: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+class MoEModelAdapter(ABC):
+    """A Hugging Face (or moefleet-built) MoE model seen as segments + experts.
+
+    Subclasses wrap one model instance; ``model`` stays the original ``nn.Module`` so
+    its own forward remains the reference. Adapters never modify weights.
+    """
+
+    name: str
+    family: str
+    model: nn.Module
+    tokenizer: Any | None
+    causal: bool
+
+    # -- structure -------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def num_layers(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def moe_layers(self) -> list[int]:
+        """Indices (0-based, over all blocks) of blocks with routed experts."""
+
+    @abstractmethod
+    def num_experts(self, layer: int) -> int: ...
+
+    @property
+    @abstractmethod
+    def top_k(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def hidden_size(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @abstractmethod
+    def expert(self, layer: int, index: int) -> nn.Module:
+        """A standalone copy of expert ``index`` of ``layer``: own weights, x_ND -> y_ND."""
+
+    @abstractmethod
+    def segment(self, layer: int) -> nn.Module:
+        """The non-expert part of block ``layer`` as a module (shares weights with model)."""
+
+    @abstractmethod
+    def router_module(self, layer: int) -> nn.Module:
+        """The gate of an MoE layer; forward(x_ND) -> (logits_NE, weights_NK, ids_NK)."""
+
+    @abstractmethod
+    def attention_module(self, layer: int) -> nn.Module:
+        """The attention block of ``layer``; returns ``(out, probs_BHTT | None)``."""
+
+    # -- layer-by-layer forward ------------------------------------------------------
+    @abstractmethod
+    def begin(
+        self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ForwardContext]:
+        """Embed the inputs; returns h_BTD and the context the segments need."""
+
+    @abstractmethod
+    def pre_moe(
+        self, layer: int, h_BTD: torch.Tensor, ctx: ForwardContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention part of block ``layer``: returns (residual_BTD, x_BTD) where x is
+        the normalised input of the FFN part (what the router and experts see)."""
+
+    @abstractmethod
+    def post_moe(
+        self,
+        layer: int,
+        residual_BTD: torch.Tensor,
+        x_BTD: torch.Tensor,
+        routed_BTD: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """FFN part minus the routed experts: adds shared/dense outputs and residual.
+        ``routed_BTD`` is the experts' combined output (None on dense layers)."""
+
+    @abstractmethod
+    def finish(self, h_BTD: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """Final norm and head: logits_BTV for LMs, last hidden state for encoders."""
+
+    @abstractmethod
+    def reference_forward(
+        self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The wrapped model's own forward, returning what ``finish`` returns."""
+
+    # -- shared behaviour ------------------------------------------------------------
+    def route(self, layer: int, x_ND: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k expert ids and gate weights for each token of an MoE layer."""
+        _, weights_NK, ids_NK = self.router_module(layer)(x_ND)
+        return ids_NK, weights_NK
+
+    def experts_stacked(self, layer: int) -> list[nn.Module]:
+        return [self.expert(layer, i) for i in range(self.num_experts(layer))]
+
+    def local_expert_fn(self) -> ExpertFn:
+        """The default expert computation: every expert in this process.
+
+        Groups tokens by expert so each expert runs once per layer on all its tokens
+        (batched), then scatters the weighted outputs back.
+        """
+        cache: dict[int, list[nn.Module]] = {}
+
+        def run(layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor, w_NK: torch.Tensor):
+            if layer not in cache:
+                cache[layer] = [self.expert_view(layer, i) for i in range(self.num_experts(layer))]
+            return combine_experts(cache[layer], x_ND, ids_NK, w_NK)
+
+        return run
+
+    def expert_view(self, layer: int, index: int) -> nn.Module:
+        """Like :meth:`expert` but may share storage with the model (no copy)."""
+        return self.expert(layer, index)
+
+    @torch.no_grad()
+    def forward_layerwise(
+        self,
+        input_ids_BT: torch.Tensor,
+        attention_mask_BT: torch.Tensor | None = None,
+        expert_fn: ExpertFn | None = None,
+    ) -> torch.Tensor:
+        """Run block by block; routed experts go through ``expert_fn``."""
+        fn = expert_fn or self.local_expert_fn()
+        moe = set(self.moe_layers)
+        h_BTD, ctx = self.begin(input_ids_BT, attention_mask_BT)
+        for layer in range(self.num_layers):
+            residual_BTD, x_BTD = self.pre_moe(layer, h_BTD, ctx)
+            routed_BTD = None
+            if layer in moe:
+                x_ND = x_BTD.reshape(-1, x_BTD.shape[-1])
+                ids_NK, w_NK = self.route(layer, x_ND)
+                routed_BTD = fn(layer, x_ND, ids_NK, w_NK).reshape(x_BTD.shape)
+            h_BTD = self.post_moe(layer, residual_BTD, x_BTD, routed_BTD)
+        return self.finish(h_BTD, ctx)
+
+    @contextlib.contextmanager
+    def eager_attention(self) -> Iterator[None]:
+        """Within this block, attention modules return their probabilities."""
+        yield
+
+    def summary(self) -> ModelSummary:
+        expert_bytes = sum(
+            param_bytes(self.expert_view(layer, i))
+            for layer in self.moe_layers
+            for i in range(self.num_experts(layer))
+        )
+        total = param_bytes(self.model)
+        return ModelSummary(
+            name=self.name,
+            family=self.family,
+            num_layers=self.num_layers,
+            moe_layers=list(self.moe_layers),
+            num_experts=[self.num_experts(layer) for layer in self.moe_layers],
+            top_k=self.top_k,
+            hidden_size=self.hidden_size,
+            vocab_size=self.vocab_size,
+            expert_param_bytes=expert_bytes,
+            non_expert_param_bytes=total - expert_bytes,
+            total_param_bytes=total,
+            causal=self.causal,
+        )
+
+
+def combine_experts(
+    experts: list[nn.Module], x_ND: torch.Tensor, ids_NK: torch.Tensor, w_NK: torch.Tensor
+) -> torch.Tensor:
+    """y_N = sum_k w_NK * experts[ids_NK](x_N), each expert run once on its tokens."""
+    y_ND = torch.zeros_like(x_ND)
+    flat_ids = ids_NK.reshape(-1)
+    order = torch.argsort(flat_ids, stable=True)
+    counts = torch.bincount(flat_ids, minlength=len(experts)).tolist()
+    token_of = order // ids_NK.shape[1]
+    weight_of = w_NK.reshape(-1)[order]
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        tok = token_of[start : start + n]
+        out = experts[e](x_ND[tok]) * weight_of[start : start + n, None].to(x_ND.dtype)
+        y_ND.index_add_(0, tok, out.to(y_ND.dtype))
+        start += n
+    return y_ND

@@ -1,0 +1,119 @@
+"""The model zoo: named recipes that build a model once and cache it.
+
+A :class:`ZooEntry` is a recipe (a JSON-able dict that fully determines the build), a
+``build`` function that writes the model into a directory, and a ``load`` function.
+Built models live in ``<cache>/models/<name>-<hash>`` where the hash covers the recipe
+and the entry's ``code_version``, so changing either rebuilds instead of reusing stale
+weights. A build writes into a temporary directory and renames it into place, so an
+interrupted build never leaves a half-written model behind. ``build.json`` inside the
+directory holds the build report (fidelity, timings ...).
+
+Override the cache location with ``$MOEFLEET_CACHE_DIR``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moefleet.errors import UnknownNameError
+from moefleet.io import write_json_atomic
+from moefleet.models.base import MoEModelAdapter
+from moefleet.paths import cache_dir
+
+# progress(done, total, description)
+ProgressFn = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    description: str
+    recipe: dict[str, Any]
+    build: Callable[[Path, dict[str, Any], ProgressFn | None], dict[str, Any]]
+    load: Callable[[Path, str], MoEModelAdapter]
+    code_version: str = "1"
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+    def key(self) -> str:
+        blob = json.dumps({"recipe": self.recipe, "code": self.code_version}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+_ENTRIES: dict[str, ZooEntry] = {}
+
+
+def register(entry: ZooEntry) -> None:
+    if entry.name in _ENTRIES:
+        raise ValueError(f"zoo entry {entry.name!r} is already registered")
+    _ENTRIES[entry.name] = entry
+
+
+def _ensure_registered() -> None:
+    # Importing the entry modules registers them; kept lazy so `import moefleet` is cheap.
+    from moefleet.models import zoo_entries  # noqa: F401
+
+
+def names() -> list[str]:
+    _ensure_registered()
+    return sorted(_ENTRIES)
+
+
+def has_entry(name: str) -> bool:
+    _ensure_registered()
+    return name in _ENTRIES
+
+
+def get_entry(name: str) -> ZooEntry:
+    _ensure_registered()
+    if name not in _ENTRIES:
+        raise UnknownNameError(
+            f"unknown zoo model {name!r}", f"known models: {', '.join(sorted(_ENTRIES))}"
+        )
+    return _ENTRIES[name]
+
+
+def model_dir(name: str) -> Path:
+    entry = get_entry(name)
+    return cache_dir() / "models" / f"{entry.name}-{entry.key()}"
+
+
+def is_built(name: str) -> bool:
+    return (model_dir(name) / "build.json").is_file()
+
+
+def build(name: str, *, force: bool = False, progress: ProgressFn | None = None) -> Path:
+    """Build ``name`` unless a finished build is cached; return its directory."""
+    entry = get_entry(name)
+    target = model_dir(name)
+    if is_built(name) and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        report = entry.build(tmp, dict(entry.recipe), progress)
+        report = {"name": entry.name, "key": entry.key(), "recipe": entry.recipe, **report}
+        write_json_atomic(tmp / "build.json", report)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def build_report(name: str) -> dict[str, Any] | None:
+    f = model_dir(name) / "build.json"
+    return json.loads(f.read_text()) if f.is_file() else None
+
+
+def load(name: str, *, progress: ProgressFn | None = None) -> MoEModelAdapter:
+    entry = get_entry(name)
+    return entry.load(build(name, progress=progress), entry.name)

@@ -1,0 +1,53 @@
+"""Shared fixtures: an isolated model cache per test session, tiny models."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+FAMILIES = ["mixtral", "qwen2_moe", "olmoe", "deepseek_v2"]
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Zoo builds land in a per-session cache unless the caller pinned one (CI may reuse).
+    if "MOEFLEET_CACHE_DIR" not in os.environ:
+        os.environ["MOEFLEET_CACHE_DIR"] = str(tmp_path_factory.mktemp("moefleet-cache"))
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+# ---- moto: a real HTTP AWS API (S3, Lambda, ...) on 127.0.0.1 (platform layer, runtime) ----
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """URL of a moto server (all AWS services) on a free local port, for this session.
+
+    Skips when moto/boto3 are not installed (``pip install 'moefleet[aws,dev]'``).
+    """
+    moto_server = pytest.importorskip("moto.server")
+    pytest.importorskip("boto3")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake credentials so boto3 never looks for (or uses) real ones."""
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
