@@ -66,7 +66,9 @@ def test_expert_fn_is_what_runs_the_experts(adapter: MoEModelAdapter) -> None:
     assert [s[0] for s in seen] == adapter.moe_layers
     assert all(n == ids.numel() and k == adapter.top_k for _, n, k in seen)
     assert torch.allclose(same, adapter.reference_forward(ids, mask), atol=1e-5)
-    zeroed = adapter.forward_layerwise(ids, mask, expert_fn=lambda l, x, i, w: torch.zeros_like(x))
+    zeroed = adapter.forward_layerwise(
+        ids, mask, expert_fn=lambda layer, x, i, w: torch.zeros_like(x)
+    )
     assert not torch.allclose(zeroed, same, atol=1e-4)
 
 
@@ -90,12 +92,12 @@ def test_expert_outputs_recombine_to_the_moe_layer(adapter: MoEModelAdapter) -> 
     assert ids_NK.shape == (7, adapter.top_k) == w_NK.shape
     assert int(ids_NK.max()) < adapter.num_experts(layer)
     experts = adapter.experts_stacked(layer)
-    manual = torch.stack(
-        [
-            sum(w_NK[n, k] * experts[int(ids_NK[n, k])](x[n : n + 1])[0] for k in range(ids_NK.shape[1]))
-            for n in range(7)
-        ]
-    )
+    rows = []
+    for n in range(7):
+        outs = [w_NK[n, k] * experts[int(ids_NK[n, k])](x[n : n + 1])[0]
+                for k in range(ids_NK.shape[1])]
+        rows.append(torch.stack(outs).sum(0))
+    manual = torch.stack(rows)
     fused = adapter.local_expert_fn()(layer, x, ids_NK, w_NK)
     assert torch.allclose(manual, fused, atol=1e-5)
 

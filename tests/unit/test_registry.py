@@ -42,7 +42,7 @@ def test_unsupported_architecture_names_the_supported_ones(tmp_path: Path) -> No
 
 
 def test_directory_without_config(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="config.json"):
+    with pytest.raises(DataError, match=r"config\.json"):
         load_adapter(tmp_path)
 
 

@@ -41,7 +41,7 @@ def list_cmd(as_json: JsonOpt = False) -> None:
     for col in ("name", "built", "description"):
         t.add_column(col, overflow="fold")
     for r in rows:
-        t.add_row(r["name"], "yes" if r["built"] else "no", r["description"])
+        t.add_row(str(r["name"]), "yes" if r["built"] else "no", str(r["description"]))
     con = out_console(False)
     con.print(t)
     con.print(

@@ -3,7 +3,7 @@
 Public API: :class:`MoEModelAdapter`, :func:`load_adapter`, :mod:`moefleet.models.zoo`.
 """
 
-from moefleet.models.base import ExpertFn, ForwardContext, MoEModelAdapter, ModelSummary
+from moefleet.models.base import ExpertFn, ForwardContext, ModelSummary, MoEModelAdapter
 from moefleet.models.registry import load_adapter, register_architecture, supported_architectures
 
 __all__ = [

@@ -8,6 +8,7 @@ a slice as its own parameters so it can be shipped to another process or functio
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,7 +37,7 @@ class GatedExpert(nn.Module):
         return nn.functional.linear(self.act(gate_NF) * up_NF, self.down)
 
     @classmethod
-    def from_stacked(cls, experts: nn.Module, index: int, copy: bool) -> GatedExpert:
+    def from_stacked(cls, experts: Any, index: int, copy: bool) -> GatedExpert:
         """Slice expert ``index`` out of an HF fused-experts module."""
         gate_up = experts.gate_up_proj[index].detach()
         down = experts.down_proj[index].detach()

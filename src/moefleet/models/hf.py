@@ -67,11 +67,12 @@ class HFMoEAdapter(MoEModelAdapter):
         self.model = model.eval()
         self.family = HF_FAMILIES[arch]
         self.tokenizer = tokenizer
-        self.name = name or getattr(model.config, "_name_or_path", "") or self.family
-        self.backbone = model.model
-        self.lm_head = model.lm_head
-        self.blocks = list(self.backbone.layers[: model.config.num_hidden_layers])
-        self.config = model.config
+        hf: Any = model  # HF modules are dynamically typed; keep mypy out of their attributes
+        self.config: Any = hf.config
+        self.name = name or getattr(self.config, "_name_or_path", "") or self.family
+        self.backbone: Any = hf.model
+        self.lm_head: Any = hf.lm_head
+        self.blocks: list[Any] = list(self.backbone.layers[: self.config.num_hidden_layers])
         self._moe = [i for i, b in enumerate(self.blocks) if hasattr(b.mlp, "experts")]
 
     # -- structure -------------------------------------------------------------------
@@ -83,7 +84,7 @@ class HFMoEAdapter(MoEModelAdapter):
     def moe_layers(self) -> list[int]:
         return list(self._moe)
 
-    def _experts(self, layer: int) -> nn.Module:
+    def _experts(self, layer: int) -> Any:
         if layer not in self._moe:
             raise IndexError(f"layer {layer} is not an MoE layer (MoE layers: {self._moe})")
         return self.blocks[layer].mlp.experts
@@ -121,7 +122,7 @@ class HFMoEAdapter(MoEModelAdapter):
 
     # -- layer-by-layer forward ------------------------------------------------------
     def _masks(self, h_BTD: torch.Tensor, mask_BT: torch.Tensor | None, pos_BT: torch.Tensor):
-        kw = dict(
+        kw: dict[str, Any] = dict(
             config=self.config,
             inputs_embeds=h_BTD,
             attention_mask=mask_BT,
@@ -131,7 +132,7 @@ class HFMoEAdapter(MoEModelAdapter):
         layer_types = getattr(self.config, "layer_types", None)
         sliding = getattr(self.config, "sliding_window", None)
         if layer_types:
-            by_type = {}
+            by_type: dict[str, Any] = {}
             for t in set(layer_types):
                 fn = create_sliding_window_causal_mask if t == "sliding_attention" else None
                 by_type[t] = (fn or create_causal_mask)(**kw)
@@ -202,8 +203,9 @@ class HFMoEAdapter(MoEModelAdapter):
         if previous == "eager":
             yield
             return
-        self.model.set_attn_implementation("eager")
+        hf: Any = self.model
+        hf.set_attn_implementation("eager")
         try:
             yield
         finally:
-            self.model.set_attn_implementation(previous)
+            hf.set_attn_implementation(previous)

@@ -27,10 +27,10 @@ def gpt2_bpe_files() -> tuple[Path, Path]:
 
 def gpt2_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     """GPT-2 BPE tokenizer (50257 tokens, ``<|endoftext|>`` = 50256)."""
-    from transformers import GPT2TokenizerFast
+    from transformers import GPT2Tokenizer
 
     vocab, merges = gpt2_bpe_files()
-    # transformers v5 takes the files' paths as ``vocab`` / ``merges``.
-    tok = GPT2TokenizerFast(vocab=str(vocab), merges=str(merges))
+    # transformers v5: GPT2Tokenizer is the Rust-backed one and takes the files' paths.
+    tok = GPT2Tokenizer(vocab=str(vocab), merges=str(merges))
     tok.pad_token = tok.eos_token
     return tok
