@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Extras installed for the suite; ray is large and optional (make install-ray).
-EXTRAS ?= dev
+EXTRAS ?= dev,aws,plan,sim
 
 .PHONY: install demo test lint bench clean install-ray
 

@@ -1,0 +1,220 @@
+"""``DeploymentPlan``: how a model is laid out as serverless functions.
+
+One vocabulary for the analytical model, the simulator and the runtime:
+
+- every block ``l`` of the model has a non-expert **segment function** (attention,
+  norms, gate, dense/shared MLPs; block 0 also embeds, the last also holds the head);
+- every routed expert ``(l, i)`` of an MoE layer is an **expert function** with a memory
+  size and ``replicas`` instances; replicas split the expert's tokens evenly
+  (ceil(d / g) each, ODS/BO);
+- every MoE layer chooses one **scatter-gather method** (ODS/BO's a):
+    ``pipelined`` (a=1): object storage, minibatches of ``beta`` tokens, download and
+                  compute of one minibatch overlap the upload of the previous one;
+    ``storage``   (a=2): object storage, no pipelining;
+    ``direct``    (a=3): tokens travel in the invocation payload (payload limit applies).
+
+YAML round-trips exactly (``to_yaml`` / ``from_yaml``); validation errors name the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from moefleet.errors import MoefleetError
+from moefleet.io import write_text_atomic
+
+Method = Literal["pipelined", "storage", "direct"]
+METHOD_CODES: dict[Method, int] = {"pipelined": 1, "storage": 2, "direct": 3}
+CODE_METHODS: dict[int, Method] = {v: k for k, v in METHOD_CODES.items()}
+
+
+class PlanError(MoefleetError):
+    """A plan file or object that is malformed or does not fit the model/platform."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class ExpertConfig(_Strict):
+    memory_mb: int = Field(gt=0, description="Function memory size (MB).")
+    replicas: int = Field(1, ge=1, description="Instances that split this expert's tokens.")
+
+
+class LayerPlan(_Strict):
+    layer: int = Field(ge=0, description="Block index of the MoE layer.")
+    method: Method = "direct"
+    beta: int = Field(1, ge=1, description="Minibatch size (tokens) for 'pipelined'.")
+    experts: list[ExpertConfig]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _method_codes(cls, data: Any) -> Any:
+        # Accept the paper's numeric codes (1, 2, 3) as well as names.
+        if isinstance(data, dict) and isinstance(data.get("method"), int):
+            code = data["method"]
+            if code not in CODE_METHODS:
+                raise ValueError(f"method code must be 1, 2 or 3, got {code}")
+            data = {**data, "method": CODE_METHODS[code]}
+        return data
+
+    @property
+    def method_code(self) -> int:
+        return METHOD_CODES[self.method]
+
+
+class DeploymentPlan(_Strict):
+    model: str = Field(description="Model the plan was made for (zoo name or path).")
+    platform: str = Field(description="Platform spec name.")
+    segment_memory_mb: list[int] = Field(
+        description="Memory of each block's non-expert segment function, one per block."
+    )
+    layers: list[LayerPlan]
+    policy: str = "manual"
+    predicted: dict[str, float] = Field(
+        default_factory=dict, description="Planner's own estimates (cost_usd, latency_s ...)."
+    )
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _unique_layers(self) -> DeploymentPlan:
+        seen = [lp.layer for lp in self.layers]
+        if len(seen) != len(set(seen)):
+            raise ValueError(f"layers listed more than once: {seen}")
+        if seen != sorted(seen):
+            raise ValueError(f"layers must be in increasing order, got {seen}")
+        return self
+
+    # -- access ----------------------------------------------------------------------
+    def layer(self, layer: int) -> LayerPlan:
+        for lp in self.layers:
+            if lp.layer == layer:
+                return lp
+        raise KeyError(f"plan has no MoE layer {layer}")
+
+    def function_names(self) -> list[str]:
+        names = [segment_function(i) for i in range(len(self.segment_memory_mb))]
+        for lp in self.layers:
+            names += [expert_function(lp.layer, i) for i in range(len(lp.experts))]
+        return names
+
+    # -- checks against a model and a platform ----------------------------------------
+    def check_model(self, moe_layers: list[int], num_experts: list[int], num_blocks: int) -> None:
+        if len(self.segment_memory_mb) != num_blocks:
+            raise PlanError(
+                f"plan has {len(self.segment_memory_mb)} segment functions, the model has "
+                f"{num_blocks} blocks",
+                "re-plan for this model (moefleet plan --model ...)",
+            )
+        if [lp.layer for lp in self.layers] != list(moe_layers):
+            raise PlanError(
+                f"plan covers MoE layers {[lp.layer for lp in self.layers]}, the model has "
+                f"{list(moe_layers)}",
+                "the plan was made for another model; re-plan for this one",
+            )
+        for lp, e in zip(self.layers, num_experts, strict=True):
+            if len(lp.experts) != e:
+                raise PlanError(
+                    f"layer {lp.layer}: plan has {len(lp.experts)} experts, the model {e}",
+                    "the plan was made for another model; re-plan for this one",
+                )
+
+    def check_platform(self, spec: Any) -> None:
+        """Memory sizes offered and replica limits of ``spec`` (a PlatformSpec)."""
+        where = "segment_memory_mb"
+        try:
+            for m in self.segment_memory_mb:
+                spec.check_memory(m)
+            for lp in self.layers:
+                for i, ec in enumerate(lp.experts):
+                    where = f"layers[{lp.layer}].experts[{i}]"
+                    spec.check_memory(ec.memory_mb)
+        except MoefleetError as err:
+            raise PlanError(f"{where}: {err.message}", err.hint) from err
+        max_rep = getattr(spec, "max_replicas", None)
+        if max_rep:
+            for lp in self.layers:
+                for i, ec in enumerate(lp.experts):
+                    if ec.replicas > max_rep:
+                        raise PlanError(
+                            f"layers[{lp.layer}].experts[{i}].replicas = {ec.replicas} exceeds "
+                            f"the platform's limit {max_rep}",
+                            f"use at most {max_rep} replicas",
+                        )
+
+    # -- YAML ------------------------------------------------------------------------
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def save(self, path: str | Path) -> Path:
+        write_text_atomic(path, self.to_yaml())
+        return Path(path)
+
+    @classmethod
+    def from_yaml(cls, text: str, source: str = "<plan>") -> DeploymentPlan:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise PlanError(f"{source} is not valid YAML: {err}", "fix the syntax") from err
+        if not isinstance(data, dict):
+            raise PlanError(f"{source} must hold a mapping", "see `moefleet plan --help`")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            first = err.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+            raise PlanError(
+                f"{source}: field '{loc}': {first['msg']}",
+                f"fix that field ({err.error_count()} problem(s) in total)",
+            ) from err
+
+    @classmethod
+    def load(cls, path: str | Path) -> DeploymentPlan:
+        p = Path(path)
+        if not p.is_file():
+            raise PlanError(f"plan file {p} does not exist", "write one with moefleet plan -o")
+        return cls.from_yaml(p.read_text(), source=str(p))
+
+    @classmethod
+    def uniform(
+        cls,
+        model: str,
+        platform: str,
+        moe_layers: list[int],
+        num_experts: list[int],
+        num_blocks: int,
+        memory_mb: int,
+        method: Method = "direct",
+        replicas: int = 1,
+        beta: int = 1,
+        segment_memory_mb: int | None = None,
+        policy: str = "uniform",
+    ) -> DeploymentPlan:
+        """The same configuration for every function (e.g. the LambdaML baseline)."""
+        return cls(
+            model=model,
+            platform=platform,
+            segment_memory_mb=[segment_memory_mb or memory_mb] * num_blocks,
+            layers=[
+                LayerPlan(
+                    layer=layer,
+                    method=method,
+                    beta=beta,
+                    experts=[ExpertConfig(memory_mb=memory_mb, replicas=replicas)] * e,
+                )
+                for layer, e in zip(moe_layers, num_experts, strict=True)
+            ],
+            policy=policy,
+        )
+
+
+def segment_function(block: int) -> str:
+    return f"seg-{block}"
+
+
+def expert_function(layer: int, expert: int) -> str:
+    return f"exp-{layer}-{expert}"
