@@ -1,0 +1,177 @@
+"""Compute profiles: how long a segment or an expert takes for n tokens on v vCPUs.
+
+Two fitted laws per function kind, measured on real execution (``measure.py``):
+
+- batch law, at one thread:   t1(n) = a + b·n          (seconds; a = fixed overhead,
+                                                          b = marginal time per token)
+- thread law, per token:      T(v)  = θ1·exp(−θ2·v) + θ3  (seconds per token at a large
+                                                          batch; Remoe's form)
+
+and the prediction combines them as ``t(n, v) = t1(n) · T(v) / T(1)``: thread scaling
+is a speed factor that applies to the whole call. ``v`` may be fractional (a 128 MB
+Lambda gets ~0.07 vCPU: time scales like 1/v below one vCPU, since the function gets
+that share of one core). Invariants: every fitted time is positive and non-increasing
+in v for v ≥ 1.
+
+Sizes in bytes: parameters per expert and per segment, activation bytes per token
+(hidden size × 4 for fp32 — what one token costs on the wire each way).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moefleet.errors import DataError
+from moefleet.io import write_json_atomic
+
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ThreadLaw:
+    theta1: float
+    theta2: float
+    theta3: float
+
+    def per_token_s(self, vcpus: float) -> float:
+        if vcpus < 1.0:
+            # A fraction of one core: the function runs 1/v times slower than on a core.
+            return self.per_token_s(1.0) / max(vcpus, 1e-6)
+        return self.theta1 * math.exp(-self.theta2 * vcpus) + self.theta3
+
+    def speed_factor(self, vcpus: float) -> float:
+        """Time multiplier relative to one vCPU (1.0 at v = 1)."""
+        return self.per_token_s(vcpus) / self.per_token_s(1.0)
+
+
+@dataclass(frozen=True)
+class BatchLaw:
+    overhead_s: float
+    per_token_s: float
+
+    def time_s(self, tokens: int) -> float:
+        return self.overhead_s + self.per_token_s * tokens if tokens > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class FunctionProfile:
+    """Fitted laws plus fit quality for one kind of function."""
+
+    batch: BatchLaw
+    threads: ThreadLaw
+    param_bytes: int
+    batch_r2: float = float("nan")
+    threads_r2: float = float("nan")
+
+    def time_s(self, tokens: int, vcpus: float) -> float:
+        return self.batch.time_s(tokens) * self.threads.speed_factor(vcpus)
+
+    def per_token_s(self, vcpus: float) -> float:
+        """Marginal time per token at ``vcpus`` (ODS/BO's U_j for that memory option)."""
+        return self.batch.per_token_s * self.threads.speed_factor(vcpus)
+
+
+@dataclass
+class ComputeProfile:
+    """Profiles of one model: a law for its experts (per MoE layer) and its segments."""
+
+    model: str
+    hidden_size: int
+    moe_layers: list[int]
+    experts: dict[int, FunctionProfile]  # MoE layer -> profile of its (identical) experts
+    segments: list[FunctionProfile]  # one per block
+    bytes_per_token: int  # activation bytes one token carries each way (fp32 hidden)
+    machine: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    def expert(self, layer: int) -> FunctionProfile:
+        if layer not in self.experts:
+            raise KeyError(f"profile has no MoE layer {layer} (has {sorted(self.experts)})")
+        return self.experts[layer]
+
+    def expert_time_s(self, layer: int, tokens: int, vcpus: float) -> float:
+        return self.expert(layer).time_s(tokens, vcpus)
+
+    def segment_time_s(self, block: int, tokens: int, vcpus: float) -> float:
+        return self.segments[block].time_s(tokens, vcpus)
+
+    # -- persistence -----------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": PROFILE_VERSION,
+            "model": self.model,
+            "hidden_size": self.hidden_size,
+            "moe_layers": self.moe_layers,
+            "experts": {str(k): asdict(v) for k, v in self.experts.items()},
+            "segments": [asdict(s) for s in self.segments],
+            "bytes_per_token": self.bytes_per_token,
+            "machine": self.machine,
+            "raw": self.raw,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        write_json_atomic(path, self.to_dict())
+        return Path(path)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "<profile>") -> ComputeProfile:
+        try:
+            if d.get("version", 0) != PROFILE_VERSION:
+                raise DataError(
+                    f"{source}: compute profile version {d.get('version')} is not "
+                    f"{PROFILE_VERSION}",
+                    "re-measure it with moefleet profile-compute",
+                )
+
+            def fp(x: dict[str, Any]) -> FunctionProfile:
+                law = FunctionProfile(
+                    batch=BatchLaw(**x["batch"]),
+                    threads=ThreadLaw(**x["threads"]),
+                    param_bytes=int(x["param_bytes"]),
+                    batch_r2=float(x.get("batch_r2", float("nan"))),
+                    threads_r2=float(x.get("threads_r2", float("nan"))),
+                )
+                _check_law(law, source)
+                return law
+
+            return cls(
+                model=str(d["model"]),
+                hidden_size=int(d["hidden_size"]),
+                moe_layers=[int(x) for x in d["moe_layers"]],
+                experts={int(k): fp(v) for k, v in d["experts"].items()},
+                segments=[fp(s) for s in d["segments"]],
+                bytes_per_token=int(d["bytes_per_token"]),
+                machine=dict(d.get("machine", {})),
+                raw=dict(d.get("raw", {})),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise DataError(
+                f"{source} is not a valid compute profile: {err!r}",
+                "re-measure it with moefleet profile-compute",
+            ) from err
+
+    @classmethod
+    def load(cls, path: str | Path) -> ComputeProfile:
+        p = Path(path)
+        if not p.is_file():
+            raise DataError(f"compute profile {p} does not exist", "moefleet profile-compute")
+        try:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as err:
+            raise DataError(f"{p} is not valid JSON: {err}", "re-measure it") from err
+        return cls.from_dict(data, source=str(p))
+
+
+def _check_law(law: FunctionProfile, source: str) -> None:
+    values = [law.batch.overhead_s, law.batch.per_token_s, law.threads.theta3]
+    if any(not math.isfinite(v) for v in values) or law.batch.per_token_s <= 0:
+        raise DataError(
+            f"{source}: compute profile has a non-positive or NaN time ({values})",
+            "re-measure it with moefleet profile-compute",
+        )
+    if law.threads.per_token_s(1.0) <= 0:
+        raise DataError(f"{source}: thread law gives a non-positive time", "re-measure it")
