@@ -13,6 +13,7 @@ from moefleet.cli import demo as _demo
 from moefleet.cli import models as _models
 from moefleet.cli import platforms as _platforms
 from moefleet.cli import profile as _profile
+from moefleet.cli import profile_compute as _profile_compute
 from moefleet.cli import traces as _traces
 
 app = typer.Typer(
@@ -28,6 +29,7 @@ app.add_typer(_models.app, name="models")
 app.add_typer(_traces.app, name="traces")
 app.add_typer(_platforms.app, name="platforms")
 app.command("profile")(_profile.profile_cmd)
+app.command("profile-compute")(_profile_compute.profile_compute_cmd)
 app.command("demo")(_demo.demo_cmd)
 
 

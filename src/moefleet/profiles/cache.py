@@ -1,0 +1,64 @@
+"""Cached compute profiles: measure once per model and machine, then read the JSON.
+
+Where a profile lives:
+- zoo models: ``<zoo model dir>/compute_profile.json``, next to the weights, so a
+  rebuild (new recipe hash, or ``--force``) drops the stale profile with the old weights;
+- anything else (checkpoint directory, hub id): ``<cache>/profiles/<slug>-<hash>.json``,
+  the hash taken over the resolved reference.
+
+A cached file that no longer loads (truncated, NaN, old version) is measured again rather
+than reported: the cache is ours to regenerate. Writes are atomic, so two processes that
+race only measure twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+from moefleet.errors import DataError
+from moefleet.paths import cache_dir
+from moefleet.profiles.model import ComputeProfile
+
+PROFILE_FILE = "compute_profile.json"
+
+
+def profile_path(model_name: str) -> Path:
+    """Where :func:`profile_for` keeps the profile of ``model_name``."""
+    from moefleet.models import zoo
+
+    if zoo.has_entry(model_name):
+        return zoo.model_dir(model_name) / PROFILE_FILE
+    path = Path(model_name).expanduser()
+    ref = str(path.resolve()) if path.exists() else model_name
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(ref).name or ref)[:60]
+    digest = hashlib.sha256(ref.encode()).hexdigest()[:10]
+    return cache_dir() / "profiles" / f"{slug}-{digest}.json"
+
+
+def profile_for(
+    model_name: str, *, refresh: bool = False, **measure_kwargs: Any
+) -> ComputeProfile:
+    """The compute profile of ``model_name`` (zoo name, directory or hub id).
+
+    Measured with :func:`~moefleet.profiles.measure.measure_profile` (defaults, or
+    ``measure_kwargs``) the first time or when ``refresh``; later calls read the cached
+    JSON in milliseconds. Builds a zoo model first if it is not built yet.
+    """
+    target = profile_path(model_name)
+    if target.is_file() and not refresh:
+        try:
+            return ComputeProfile.load(target)
+        except DataError:
+            pass  # unreadable cache: fall through and measure again
+    from moefleet.models import load_adapter
+    from moefleet.profiles.measure import measure_profile
+
+    adapter = load_adapter(model_name)
+    profile = measure_profile(adapter, **measure_kwargs)
+    # A zoo build may have (re)created the model directory: compute the path again.
+    target = profile_path(model_name)
+    profile.save(target)
+    return profile
