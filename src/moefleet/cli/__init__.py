@@ -14,6 +14,7 @@ from moefleet.cli import models as _models
 from moefleet.cli import platforms as _platforms
 from moefleet.cli import profile as _profile
 from moefleet.cli import profile_compute as _profile_compute
+from moefleet.cli import simulate as _simulate
 from moefleet.cli import traces as _traces
 
 app = typer.Typer(
@@ -31,6 +32,7 @@ app.add_typer(_platforms.app, name="platforms")
 app.command("profile")(_profile.profile_cmd)
 app.command("profile-compute")(_profile_compute.profile_compute_cmd)
 app.command("demo")(_demo.demo_cmd)
+app.command("simulate")(_simulate.simulate_cmd)
 
 
 def main() -> None:

@@ -1,0 +1,36 @@
+"""Autoscaling: the policy interface (``base``) and baseline policies (``baselines``).
+
+Policies are pure functions of a metrics snapshot; the simulator (``moefleet.sim``) and
+the runtime apply their decisions. The sMoE RL policy implements the same interface.
+"""
+
+from moefleet.autoscale.base import (
+    AutoscaleError,
+    AutoscalePolicy,
+    BoundedPolicy,
+    Decisions,
+    FunctionConfig,
+    FunctionMetrics,
+    MetricsSnapshot,
+    PolicyState,
+    ScalingBounds,
+    StaticPolicy,
+)
+from moefleet.autoscale.baselines import POLICIES, ElasticMoEPolicy, HPAPolicy, make_policy
+
+__all__ = [
+    "POLICIES",
+    "AutoscaleError",
+    "AutoscalePolicy",
+    "BoundedPolicy",
+    "Decisions",
+    "ElasticMoEPolicy",
+    "FunctionConfig",
+    "FunctionMetrics",
+    "HPAPolicy",
+    "MetricsSnapshot",
+    "PolicyState",
+    "ScalingBounds",
+    "StaticPolicy",
+    "make_policy",
+]

@@ -1,0 +1,297 @@
+"""The autoscaling interface shared by the simulator and the runtime.
+
+A policy is a pure function ``(snapshot, state) -> (decisions, state)`` called once per
+control interval (Ray Serve style): it reads a :class:`MetricsSnapshot` (per-function
+utilisation, concurrency, tail latency, token and request shares over the last interval)
+and returns new :class:`FunctionConfig` values for the functions it wants to change.
+Policies never touch the system; the caller applies decisions, with realistic delays.
+
+:class:`BoundedPolicy` wraps any policy with the shared rules every policy needs:
+bounds (replicas, concurrency, memory options), hysteresis (ignore small relative
+changes) and up/down-scale delays (a change must be wanted continuously for that long
+before it is emitted). Its clock is the snapshot time unless a ``clock`` is injected,
+which is how the tests drive it with a fake clock.
+
+Units: seconds, MB, tokens, requests. Invariants: every emitted config has
+``memory_mb > 0``, ``replicas >= 1``, ``concurrency >= 1``; a policy never mutates its
+input state (states are immutable values).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from moefleet.errors import MoefleetError
+
+PolicyState = Any  # an immutable value chosen by the policy (None, a tuple, a frozen dataclass)
+
+
+class AutoscaleError(MoefleetError):
+    """A policy or bound that cannot be honoured (e.g. min_replicas > max_replicas)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionConfig:
+    """How one function is deployed right now.
+
+    ``replicas``: on a pod-style platform the instances the function runs on (sMoE's
+    phi_rep); on an on-demand platform, where instances follow the load by themselves,
+    the invocations an expert call's tokens are split over (ODS/BO's g).
+    ``concurrency``: calls one instance runs at once (sMoE's phi_crr; Lambda allows 1).
+    """
+
+    memory_mb: int
+    replicas: int = 1
+    concurrency: int = 1
+
+    def __post_init__(self) -> None:
+        if self.memory_mb <= 0 or self.replicas < 1 or self.concurrency < 1:
+            raise AutoscaleError(
+                f"invalid function config {self}",
+                "memory_mb > 0, replicas >= 1 and concurrency >= 1 are required",
+            )
+
+
+Decisions = dict[str, FunctionConfig]  # function name -> its new configuration
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionMetrics:
+    """One function over the last interval (counters) and at the snapshot (gauges).
+
+    ``busy_s`` sums call time (start delay + handler) of calls that finished in the
+    interval; ``instance_s`` is alive-instance time in the interval. ``utilisation`` =
+    busy_s / (instance_s x concurrency), the share of instance slots in use (0..1).
+    ``capacity_tokens_per_s`` is what one instance computes per second at its memory
+    (from the compute profile, transfers excluded). Shares are within the function's
+    MoE layer (0 for segments): token share = its tokens / the layer's tokens; request
+    share = passes that routed >= 1 token to it / the layer's passes.
+    """
+
+    name: str
+    kind: Literal["segment", "expert"]
+    layer: int
+    expert: int | None
+    config: FunctionConfig
+    instances: int = 0
+    in_flight: int = 0
+    queued: int = 0
+    calls: int = 0
+    tokens: int = 0
+    cold_starts: int = 0
+    busy_s: float = 0.0
+    instance_s: float = 0.0
+    p95_latency_s: float = 0.0
+    token_share: float = 0.0
+    request_share: float = 0.0
+    capacity_tokens_per_s: float = 0.0
+    interval_s: float = 1.0
+
+    @property
+    def utilisation(self) -> float:
+        slots = self.instance_s * self.config.concurrency
+        return min(1.0, self.busy_s / slots) if slots > 0 else 0.0
+
+    @property
+    def mean_concurrency(self) -> float:
+        """Mean calls in flight over the interval (Little's law: busy_s / interval)."""
+        return self.busy_s / self.interval_s
+
+    @property
+    def concurrency_utilisation(self) -> float:
+        """In-flight calls / (instances x concurrency) at the snapshot instant."""
+        slots = self.instances * self.config.concurrency
+        return self.in_flight / slots if slots else (1.0 if self.in_flight else 0.0)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.interval_s
+
+    @property
+    def calls_per_s(self) -> float:
+        return self.calls / self.interval_s
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """The whole deployment at time ``t_s`` (seconds since the run started)."""
+
+    t_s: float
+    interval_s: float
+    functions: Mapping[str, FunctionMetrics]
+    arrivals: int = 0
+    completions: int = 0
+    in_flight_requests: int = 0
+    p95_latency_s: float = 0.0
+    slo_s: float | None = None
+    slo_violation_rate: float = 0.0
+
+    @property
+    def request_rate_rps(self) -> float:
+        return self.arrivals / self.interval_s
+
+    def config(self, name: str) -> FunctionConfig:
+        return self.functions[name].config
+
+
+class AutoscalePolicy(ABC):
+    """``decide(snapshot, state) -> (decisions, state)``; must not mutate ``state``."""
+
+    name: str = "policy"
+
+    def initial_state(self) -> PolicyState:
+        return None
+
+    @abstractmethod
+    def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
+                                                                             PolicyState]:
+        """New configs for the functions to change (others keep theirs), and the state."""
+
+    def __call__(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
+                                                                              PolicyState]:
+        return self.decide(snapshot, state)
+
+
+class StaticPolicy(AutoscalePolicy):
+    """Never changes anything: the deployment plan as written (ServerlessMoE baseline)."""
+
+    name = "static"
+
+    def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
+                                                                             PolicyState]:
+        return {}, state
+
+
+# ------------------------------------------------------------------ bounds + hysteresis
+
+
+@dataclass(frozen=True)
+class ScalingBounds:
+    """Limits every emitted config obeys. ``memory_options_mb`` empty = any memory;
+    otherwise a wanted size is rounded up to the next option (clamped to the largest)."""
+
+    min_replicas: int = 1
+    max_replicas: int = 8
+    min_concurrency: int = 1
+    max_concurrency: int = 10
+    memory_options_mb: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            raise AutoscaleError(
+                f"replica bounds {self.min_replicas}..{self.max_replicas} are invalid",
+                "need 1 <= min_replicas <= max_replicas",
+            )
+        if not 1 <= self.min_concurrency <= self.max_concurrency:
+            raise AutoscaleError(
+                f"concurrency bounds {self.min_concurrency}..{self.max_concurrency} are invalid",
+                "need 1 <= min_concurrency <= max_concurrency",
+            )
+        if list(self.memory_options_mb) != sorted(set(self.memory_options_mb)):
+            raise AutoscaleError("memory_options_mb must be strictly increasing")
+
+    def clamp(self, cfg: FunctionConfig) -> FunctionConfig:
+        mem = cfg.memory_mb
+        opts = self.memory_options_mb
+        if opts:
+            mem = next((m for m in opts if m >= mem), opts[-1])
+        return FunctionConfig(
+            memory_mb=mem,
+            replicas=min(max(cfg.replicas, self.min_replicas), self.max_replicas),
+            concurrency=min(max(cfg.concurrency, self.min_concurrency), self.max_concurrency),
+        )
+
+
+@dataclass(frozen=True)
+class _Pending:
+    direction: Literal["up", "down"]
+    since_s: float
+    config: FunctionConfig
+
+
+@dataclass(frozen=True)
+class _BoundedState:
+    inner: PolicyState
+    pending: Mapping[str, _Pending] = field(default_factory=dict)
+
+
+def _relative_change(new: float, old: float) -> float:
+    return abs(new - old) / old if old > 0 else math.inf
+
+
+class BoundedPolicy(AutoscalePolicy):
+    """Bounds, hysteresis and delays around any policy (one shared implementation).
+
+    For every function the inner policy wants changed: clamp to ``bounds``; drop the
+    change when replicas and memory move by at most ``tolerance`` (relative) and
+    concurrency does not move; otherwise it is an up-scale (more replicas or memory) or
+    a down-scale, and is emitted only once the inner policy has asked for a change in the
+    same direction continuously for ``upscale_delay_s`` / ``downscale_delay_s`` (the
+    latest wanted config is the one emitted). A function the inner policy leaves alone,
+    or a change of direction, resets its timer.
+    """
+
+    def __init__(
+        self,
+        inner: AutoscalePolicy,
+        bounds: ScalingBounds | None = None,
+        *,
+        upscale_delay_s: float = 0.0,
+        downscale_delay_s: float = 0.0,
+        tolerance: float = 0.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        for name, value in (("upscale_delay_s", upscale_delay_s),
+                            ("downscale_delay_s", downscale_delay_s), ("tolerance", tolerance)):
+            if not (math.isfinite(value) and value >= 0):
+                raise AutoscaleError(f"{name} must be a finite number >= 0, got {value!r}")
+        self.inner = inner
+        self.bounds = bounds or ScalingBounds()
+        self.upscale_delay_s = upscale_delay_s
+        self.downscale_delay_s = downscale_delay_s
+        self.tolerance = tolerance
+        self.clock = clock
+        self.name = inner.name
+
+    def initial_state(self) -> PolicyState:
+        return _BoundedState(self.inner.initial_state())
+
+    def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
+                                                                             PolicyState]:
+        if not isinstance(state, _BoundedState):
+            raise AutoscaleError("BoundedPolicy got a foreign state",
+                                 "start from policy.initial_state()")
+        now = self.clock() if self.clock is not None else snapshot.t_s
+        wanted, inner_state = self.inner.decide(snapshot, state.inner)
+        out: Decisions = {}
+        pending: dict[str, _Pending] = {}
+        for name, raw in sorted(wanted.items()):
+            if name not in snapshot.functions:
+                raise AutoscaleError(f"policy {self.inner.name!r} decided for unknown function "
+                                     f"{name!r}")
+            cur = snapshot.functions[name].config
+            cfg = self.bounds.clamp(raw)
+            if self._negligible(cfg, cur):
+                continue
+            grows = cfg.replicas > cur.replicas or cfg.memory_mb > cur.memory_mb
+            direction: Literal["up", "down"] = "up" if grows else "down"
+            delay = self.upscale_delay_s if grows else self.downscale_delay_s
+            prev = state.pending.get(name)
+            since = prev.since_s if prev is not None and prev.direction == direction else now
+            if now - since >= delay:
+                out[name] = cfg
+            else:
+                pending[name] = _Pending(direction, since, cfg)
+        return out, replace(state, inner=inner_state, pending=pending)
+
+    def _negligible(self, new: FunctionConfig, cur: FunctionConfig) -> bool:
+        if new == cur:
+            return True
+        if new.concurrency != cur.concurrency:
+            return False
+        return (_relative_change(new.replicas, cur.replicas) <= self.tolerance
+                and _relative_change(new.memory_mb, cur.memory_mb) <= self.tolerance)

@@ -1,0 +1,153 @@
+"""Simulator settings and the model shape it runs.
+
+Units: seconds, tokens, MB. Every field is validated on construction; a bad value is a
+:class:`SimError` naming it (the CLI prints it without a traceback).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from moefleet.errors import MoefleetError
+
+Scaling = Literal["on-demand", "replicas"]
+DecodeMode = Literal["batched", "per-request"]
+
+
+class SimError(MoefleetError):
+    """Bad simulator input: a negative duration, unsorted arrivals, a mismatched plan."""
+
+
+def _check_non_negative(name: str, value: float | None, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise SimError(f"{name} must be a finite number >= 0, got {value!r}",
+                       f"pass a non-negative {name}")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """How the simulated platform and serving behave, beyond the PlatformSpec.
+
+    scaling       ``on-demand`` (Lambda): a call that finds no free warm slot starts a
+                  new instance (cold start), up to the platform's ``max_replicas`` per
+                  function, and an expert's ``replicas`` split each of its calls' tokens
+                  into that many parallel invocations (ODS/BO's g). ``replicas``
+                  (OpenFaaS/k8s pods, sMoE's phi_rep): a function has at most
+                  ``replicas`` instances, a call goes whole to one of them and waits FIFO
+                  for a free slot; this is what autoscale policies resize.
+    keep_alive_s  an idle instance dies this long after its last call (scale to zero).
+                  Not in PlatformSpec yet; 600 s is in the range providers use.
+    decode        ``batched``: decode steps of all generating requests share one
+                  pipeline pass per step (continuous batching, up to
+                  ``max_decode_batch`` tokens); ``per-request``: every request runs its
+                  own G one-token passes. Either way a request with G output tokens
+                  takes G decode steps after its prefill.
+    interval_s    metrics / timeline / policy interval.
+    apply_delay_s a policy decision takes effect this much later (config propagation);
+                  new instances then cold-start on first use.
+    prewarm       start every function with ``replicas`` warm instances at t = 0
+                  (provisioned; their initialisation is not billed).
+    reload_params every call downloads its parameters (T_acc + P/B_s, billed), as in
+                  ODS/BO's T_head; by default only a cold start does.
+    cold_start_s / warm_start_s   override the platform's (calibration).
+    call_overhead_s  fixed extra handler time per call, or per kind of function
+                  (``{"segment": s, "expert": s}``): calibration of serialisation and
+                  framework overhead the compute profile does not include.
+    result_bytes_per_token  what the last block returns per token: None = the hidden
+                  state (the profile's bytes_per_token); vocabulary x 4 for full fp32
+                  logits, as the runtime's executor receives them.
+    node_slots    calls that run at once across all functions (a self-hosted node's
+                  cores, the local runtime's workers); None = unlimited (public FaaS).
+    keep_records  keep every InvocationRecord in a ``Meter`` (memory grows with the
+                  run); off by default: costs are streamed through the same prices.
+    keep_requests keep one row per request (id, arrival, latency, TTFT) in the result;
+                  off by default (streamed percentiles only).
+    """
+
+    scaling: Scaling = "on-demand"
+    keep_alive_s: float = 600.0
+    concurrency: int = 1
+    decode: DecodeMode = "batched"
+    max_decode_batch: int = 256
+    prompt_tokens: int = 128
+    output_tokens: int = 0
+    slo_s: float | None = None
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+    interval_s: float = 10.0
+    apply_delay_s: float = 1.0
+    prewarm: bool = False
+    reload_params: bool = False
+    cold_start_s: float | None = None
+    warm_start_s: float | None = None
+    call_overhead_s: float | Mapping[str, float] = 0.0
+    result_bytes_per_token: int | None = None
+    node_slots: int | None = None
+    keep_records: bool = False
+    keep_requests: bool = False
+
+    def overhead_s(self, kind: str) -> float:
+        """The calibrated extra handler seconds of one call of a ``kind`` function."""
+        ov = self.call_overhead_s
+        return float(ov.get(kind, 0.0)) if isinstance(ov, Mapping) else float(ov)
+
+    def __post_init__(self) -> None:
+        if self.scaling not in ("on-demand", "replicas"):
+            raise SimError(f"scaling must be 'on-demand' or 'replicas', got {self.scaling!r}")
+        if self.decode not in ("batched", "per-request"):
+            raise SimError(f"decode must be 'batched' or 'per-request', got {self.decode!r}")
+        for name in ("keep_alive_s", "apply_delay_s"):
+            _check_non_negative(name, getattr(self, name))
+        ov = self.call_overhead_s
+        for kind, value in (ov.items() if isinstance(ov, Mapping) else [("", ov)]):
+            _check_non_negative(f"call_overhead_s{'[' + kind + ']' if kind else ''}", value)
+        for name in ("slo_s", "ttft_slo_s", "tpot_slo_s", "cold_start_s", "warm_start_s"):
+            _check_non_negative(name, getattr(self, name), allow_none=True)
+        if not (math.isfinite(self.interval_s) and self.interval_s > 0):
+            raise SimError(f"interval_s must be > 0, got {self.interval_s!r}")
+        for name in ("concurrency", "max_decode_batch", "prompt_tokens"):
+            if getattr(self, name) < 1:
+                raise SimError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.result_bytes_per_token is not None and self.result_bytes_per_token < 1:
+            raise SimError(f"result_bytes_per_token must be >= 1, got "
+                           f"{self.result_bytes_per_token!r}")
+        if self.node_slots is not None and self.node_slots < 1:
+            raise SimError(f"node_slots must be >= 1 (or None), got {self.node_slots!r}")
+        if self.output_tokens < 0:
+            raise SimError(f"output_tokens must be >= 0, got {self.output_tokens!r}")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The pipeline the simulator runs: ``num_blocks`` segment functions, experts on
+    ``moe_layers`` (block indices) with ``num_experts`` each, ``top_k`` per token.
+    ``decoder`` models generate (prefill + decode); encoders run one pass."""
+
+    name: str
+    num_blocks: int
+    moe_layers: list[int]
+    num_experts: list[int]
+    top_k: int
+    decoder: bool = True
+    meta: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1:
+            raise SimError(f"model {self.name!r} needs at least one block")
+        if len(self.moe_layers) != len(self.num_experts):
+            raise SimError(f"model {self.name!r}: moe_layers and num_experts differ in length")
+        if sorted(set(self.moe_layers)) != list(self.moe_layers) or any(
+            not 0 <= b < self.num_blocks for b in self.moe_layers
+        ):
+            raise SimError(f"model {self.name!r}: moe_layers {self.moe_layers} must be "
+                           f"increasing block indices below {self.num_blocks}")
+        if any(e < 1 for e in self.num_experts) or not 1 <= self.top_k <= min(
+            self.num_experts, default=self.top_k
+        ):
+            raise SimError(f"model {self.name!r}: top_k={self.top_k} must be in 1..experts "
+                           f"({self.num_experts})")
