@@ -11,6 +11,7 @@ import typer
 
 from moefleet.cli import demo as _demo
 from moefleet.cli import models as _models
+from moefleet.cli import plan as _plan
 from moefleet.cli import platforms as _platforms
 from moefleet.cli import profile as _profile
 from moefleet.cli import profile_compute as _profile_compute
@@ -29,6 +30,7 @@ app = typer.Typer(
 app.add_typer(_models.app, name="models")
 app.add_typer(_traces.app, name="traces")
 app.add_typer(_platforms.app, name="platforms")
+app.add_typer(_plan.app, name="plan")
 app.command("profile")(_profile.profile_cmd)
 app.command("profile-compute")(_profile_compute.profile_compute_cmd)
 app.command("demo")(_demo.demo_cmd)

@@ -135,7 +135,7 @@ class DeploymentPlan(_Strict):
                     spec.check_memory(ec.memory_mb)
         except MoefleetError as err:
             raise PlanError(f"{where}: {err.message}", err.hint) from err
-        max_rep = getattr(spec, "max_replicas", None)
+        max_rep = getattr(getattr(spec, "limits", None), "max_replicas", None)
         if max_rep:
             for lp in self.layers:
                 for i, ec in enumerate(lp.experts):

@@ -1,0 +1,200 @@
+"""``moefleet plan``: make a deployment plan; ``moefleet plan show``: print one."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from moefleet.cli.common import emit_json, err_console, out_console, user_errors
+from moefleet.errors import DataError, MoefleetError
+
+app = typer.Typer(
+    help="Plan a deployment (memory, replicas, scatter-gather method per MoE layer).\n\n"
+    "Example: moefleet plan --model minilm-moe-e8 --policy ods --platform aws-lambda-2020 "
+    "--slo 30 --counts trace.parquet --profile profile.json -o plan.yaml",
+    invoke_without_command=True,
+)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable result on stdout.")]
+
+
+def load_counts(path: Path) -> tuple[Any, list[int] | None, int | None]:
+    """counts_LE, experts per layer (traces only), tokens (traces only)."""
+    import numpy as np
+
+    if path.suffix == ".parquet":
+        from moefleet.traces.schema import read_trace
+
+        trace = read_trace(path)
+        experts = [int(e) for e in trace.meta["num_experts"]]
+        return trace.popularity(), experts, trace.num_tokens
+    if path.suffix == ".npy":
+        if not path.is_file():
+            raise DataError(f"counts file {path} does not exist", "pass a .npy or a trace")
+        try:
+            counts = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as err:
+            raise DataError(f"{path} is not a readable .npy array: {err}") from err
+        if counts.ndim != 2:
+            raise DataError(
+                f"{path} holds an array of shape {counts.shape}; counts need (layers, experts)",
+                "save counts_LE as a 2-D array",
+            )
+        return counts, None, None
+    raise DataError(
+        f"--counts {path}: expected a trace (.parquet) or a counts array (.npy)",
+        "record a trace with moefleet profile, or np.save counts_LE",
+    )
+
+
+def load_profile(profile: Path | None, model: str | None) -> Any:  # -> ComputeProfile
+    from moefleet.profiles.model import ComputeProfile
+
+    if profile is not None:
+        return ComputeProfile.load(profile)
+    if model is None:
+        raise MoefleetError("plan needs --profile or --model", "pass --profile profile.json")
+    # profile_for (measure once, then cached) lives in a colleague's module; look it up
+    # where it may be rather than import it at top level.
+    for name in ("moefleet.profiles.measure", "moefleet.profiles.cache"):
+        if importlib.util.find_spec(name) is not None:
+            fn = getattr(importlib.import_module(name), "profile_for", None)
+            if fn is not None:
+                return fn(model)
+    raise MoefleetError(
+        "no --profile given, and this moefleet cannot measure compute profiles",
+        "pass --profile profile.json (a compute profile measured for the model)",
+    )
+
+
+def make_plan(
+    *, model: str | None, policy: str, platform: str, slo: float, counts: Path,
+    profile: Path | None, tokens: int | None, max_replicas: int, time_limit: float, seed: int,
+) -> Any:  # -> DeploymentPlan
+    """The library call behind ``moefleet plan``."""
+    from moefleet.plan import PlanningProblem, get_planner
+    from moefleet.platform import load_platform
+
+    spec = load_platform(platform)
+    planner = get_planner(policy, time_limit_s=time_limit)
+    counts_LE, experts, trace_tokens = load_counts(counts)
+    prof = load_profile(profile, model)
+    if model is not None and prof.model != model:
+        err_console.print(
+            f"[yellow]note:[/] the profile was measured on '{prof.model}'; planning for "
+            f"'{model}'", highlight=False,
+        )
+    problem = PlanningProblem.from_profile(
+        prof, spec, counts_LE, slo, model=model, num_experts=experts,
+        tokens=tokens or trace_tokens, max_replicas=max_replicas,
+    )
+    return planner.plan(problem, seed=seed)
+
+
+@app.callback()
+def plan_cmd(
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="Model the plan is for (default: the profile's).")] = None,
+    policy: Annotated[str, typer.Option(
+        help="ods | ods-paper | miqcp | random | lambdaml.")] = "ods",
+    platform: Annotated[str, typer.Option(help="Platform name or YAML.")] = "aws-lambda",
+    slo: Annotated[float | None, typer.Option(help="End-to-end latency limit, seconds.")] = None,
+    counts: Annotated[Path | None, typer.Option(
+        help="Routing trace (.parquet) or counts_LE (.npy): tokens per expert.")] = None,
+    profile: Annotated[Path | None, typer.Option(help="Compute profile JSON.")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Plan YAML to write.")] = Path(
+        "plan.yaml"),
+    tokens: Annotated[int | None, typer.Option(
+        help="Tokens in the batch (default: the trace's; for .npy the largest layer sum).")
+    ] = None,
+    max_replicas: Annotated[int, typer.Option(help="Replicas per expert at most.")] = 8,
+    time_limit: Annotated[float, typer.Option(help="Solver time limit (miqcp), s.")] = 60.0,
+    seed: Annotated[int, typer.Option(help="Seed (random policy, solver).")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Plan memory, replicas and scatter-gather methods for the cheapest billed cost
+    under the SLO (ODS/BO's model), and write the plan YAML.
+
+    Example: moefleet plan --policy ods --platform aws-lambda-2020 --slo 30
+    --counts trace.parquet --profile profile.json -o plan.yaml
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    with user_errors():
+        if slo is None or counts is None:
+            raise MoefleetError(
+                "moefleet plan needs --slo and --counts",
+                "e.g. moefleet plan --slo 30 --counts trace.parquet --profile profile.json",
+            )
+        plan = make_plan(
+            model=model, policy=policy, platform=platform, slo=slo, counts=counts,
+            profile=profile, tokens=tokens, max_replicas=max_replicas,
+            time_limit=time_limit, seed=seed,
+        )
+        plan.save(out)
+    if as_json:
+        emit_json({"out": str(out), "policy": plan.policy, "predicted": plan.predicted,
+                   "meta": plan.meta})
+        return
+    con = out_console(False)
+    con.print(plan_table(plan))
+    con.print(f"wrote {out}")
+
+
+@app.command("show")
+def show_cmd(
+    path: Annotated[Path, typer.Argument(help="Plan YAML (from moefleet plan).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Print a plan: per MoE layer the method, β, memory and replicas of its experts.
+
+    Example: moefleet plan show plan.yaml
+    """
+    from moefleet.plan import DeploymentPlan
+
+    with user_errors():
+        plan = DeploymentPlan.load(path)
+    if as_json:
+        emit_json(plan.model_dump(mode="json"))
+        return
+    out_console(False).print(plan_table(plan))
+
+
+def _histogram(values: list[int], unit: str = "") -> str:
+    """'768 MB x3, 1536 MB x1': compact for layers with many experts."""
+    if len(set(values)) == 1 and len(values) <= 4:
+        return ", ".join(f"{v}{unit}" for v in values)
+    return ", ".join(f"{v}{unit} x{n}" for v, n in sorted(Counter(values).items()))
+
+
+def plan_table(plan: Any) -> Table:  # plan: DeploymentPlan
+    """A rich table of a plan with its predicted cost and latency."""
+    pred = plan.predicted
+    caption = []
+    if "cost_usd" in pred:
+        caption.append(f"predicted cost ${pred['cost_usd']:.6g} per batch (MoE layers)")
+    if "latency_s" in pred:
+        slo = f" (SLO {pred['slo_s']:.4g} s)" if "slo_s" in pred else ""
+        caption.append(f"latency {pred['latency_s']:.4g} s{slo}")
+    t = Table(
+        title=f"{plan.model} on {plan.platform} ({plan.policy})",
+        caption="; ".join(caption) or None,
+    )
+    for col in ("layer", "method", "β", "memory per expert", "replicas"):
+        t.add_column(col, overflow="fold")
+    for lp in plan.layers:
+        t.add_row(
+            str(lp.layer),
+            lp.method,
+            str(lp.beta) if lp.method == "pipelined" else "-",
+            _histogram([e.memory_mb for e in lp.experts], " MB"),
+            _histogram([e.replicas for e in lp.experts]),
+        )
+    return t
