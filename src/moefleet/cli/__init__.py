@@ -13,6 +13,7 @@ from moefleet.cli import demo as _demo
 from moefleet.cli import models as _models
 from moefleet.cli import plan as _plan
 from moefleet.cli import platforms as _platforms
+from moefleet.cli import predict as _predict
 from moefleet.cli import profile as _profile
 from moefleet.cli import profile_compute as _profile_compute
 from moefleet.cli import simulate as _simulate
@@ -31,6 +32,7 @@ app.add_typer(_models.app, name="models")
 app.add_typer(_traces.app, name="traces")
 app.add_typer(_platforms.app, name="platforms")
 app.add_typer(_plan.app, name="plan")
+app.add_typer(_predict.app, name="predict")
 app.command("profile")(_profile.profile_cmd)
 app.command("profile-compute")(_profile_compute.profile_compute_cmd)
 app.command("demo")(_demo.demo_cmd)

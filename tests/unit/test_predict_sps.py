@@ -1,0 +1,150 @@
+"""Similar Prompts Searching: soft cosine similarity, clustering tree, retrieval, prediction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moefleet.errors import DataError
+from moefleet.predict import FunctionEmbedding, RandomEmbedding, Request, SPSPredictor
+from moefleet.predict.synthetic import synthetic_trace
+from moefleet.predict.tree import ClusterTree, build_tree, kmedoids, retrieve
+
+
+def _unit_rows(P: int, D: int, seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((P, D))
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _check_tree(tree: ClusterTree, P: int, beta: int) -> None:
+    leaves = tree.leaves()
+    assert all(tree.members(int(n)).size <= beta for n in leaves)
+    # Every prompt is in exactly one leaf.
+    members = np.concatenate([tree.members(int(n)) for n in leaves])
+    np.testing.assert_array_equal(np.sort(members), np.arange(P))
+    for node in range(tree.num_nodes):
+        assert tree.medoid_M[node] in tree.members(node)
+        kids = tree.children(node)
+        if kids.size:  # children partition the parent's slice, in order
+            assert tree.start_M[kids[0]] == tree.start_M[node]
+            assert tree.end_M[kids[-1]] == tree.end_M[node]
+            np.testing.assert_array_equal(tree.end_M[kids[:-1]], tree.start_M[kids[1:]])
+            assert (tree.parent_M[kids] == node).all()
+
+
+def test_soft_cosine_similarity_matches_the_gram_matrix_form() -> None:
+    emb = RandomEmbedding(8, seed=2)
+    pred = SPSPredictor(emb)
+    a, b = [3, 1, 4, 1, 5], [9, 2, 6]
+    Z = np.concatenate([emb(a), emb(b)]).astype(np.float64)
+    Z /= np.linalg.norm(Z, axis=1, keepdims=True)
+    C = Z @ Z.T
+    v1 = np.r_[np.ones(len(a)), np.zeros(len(b))]
+    v2 = 1 - v1
+    scs = v1 @ C @ v2 / (np.sqrt(v1 @ C @ v1) * np.sqrt(v2 @ C @ v2) + 1e-12)
+    assert pred.prompt_vector(a) @ pred.prompt_vector(b) == pytest.approx(scs, abs=1e-9)
+
+
+@pytest.mark.parametrize("metric", ["cosine", "sqeuclidean"])
+def test_tree_invariants(metric: str) -> None:
+    X = _unit_rows(230, 6, seed=0)
+    tree = build_tree(X, beta=15, fanout=3, metric=metric, seed=0)  # type: ignore[arg-type]
+    _check_tree(tree, 230, 15)
+    assert tree.leaves().size >= 230 // 15
+    again = build_tree(X, beta=15, fanout=3, metric=metric, seed=0)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(tree.order_P, again.order_P)  # seeded
+
+
+def test_tree_of_identical_prompts_terminates() -> None:
+    X = np.tile(_unit_rows(1, 4, seed=1), (40, 1))
+    tree = build_tree(X, beta=6, fanout=4, metric="cosine", seed=0)
+    _check_tree(tree, 40, 6)
+
+
+def test_kmedoids_separates_obvious_clusters() -> None:
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.normal(0, 0.01, (20, 2)), rng.normal(5, 0.01, (20, 2))])
+    labels = kmedoids(X, 2, "sqeuclidean", rng)
+    assert len(set(labels[:20])) == 1 and len(set(labels[20:])) == 1
+    assert labels[0] != labels[-1]
+
+
+def test_retrieval_fills_from_siblings_when_the_leaf_is_small() -> None:
+    X = _unit_rows(60, 5, seed=3)
+    tree = build_tree(X, beta=8, fanout=3, metric="cosine", seed=0)
+    q = _unit_rows(1, 5, seed=9)[0]
+    sim = X @ q
+    leaf = tree.descend(sim[tree.medoid_M])
+    leaf_members = set(tree.members(leaf).tolist())
+    got = retrieve(tree, sim, alpha=12)
+    assert got.size == 12 and len(set(got.tolist())) == 12
+    assert leaf_members <= set(got.tolist()), "the whole (small) leaf comes first"
+    extra = [i for i in got.tolist() if i not in leaf_members]
+    parent = int(tree.parent_M[leaf])
+    parent_members = set(tree.members(parent).tolist())
+    if len(parent_members) >= 12:  # siblings alone can fill the gap: no cousins
+        assert set(extra) <= parent_members
+    # Within the leaf-sized budget, retrieval is the leaf's own top-alpha.
+    few = retrieve(tree, sim, alpha=2)
+    assert set(few.tolist()) <= leaf_members
+    want = sorted(leaf_members, key=lambda i: -sim[i])[:2]
+    assert few.tolist() == want
+
+
+def test_retrieval_returns_everything_when_alpha_exceeds_prompts() -> None:
+    X = _unit_rows(10, 3, seed=4)
+    tree = build_tree(X, beta=3, fanout=2, metric="cosine", seed=0)
+    got = retrieve(tree, X @ X[0], alpha=50)
+    np.testing.assert_array_equal(np.sort(got), np.arange(10))
+
+
+def test_bf_prediction_is_the_softmax_weighted_mean_of_neighbours() -> None:
+    train = synthetic_trace(12, moe_layers=(0,), num_experts=4, top_k=1, seed=5)
+    pred = SPSPredictor(RandomEmbedding(8, 1), "bf", alpha=3, temperature=0.5).fit(train)
+    req = Request("q", (1, 2, 3, 4))
+    u = pred.prompt_vector(req.token_ids)
+    sim = pred.U_PD.astype(np.float64) @ u
+    top = np.argsort(-sim)[:3]
+    w = np.exp(sim[top] / 0.5)
+    w /= w.sum()
+    want = np.tensordot(w, pred.A_PLE[top], axes=1)
+    np.testing.assert_allclose(pred.predict_distribution([req])[0], want, rtol=1e-6)
+    np.testing.assert_allclose(pred.predict_counts([req]), want * 4, rtol=1e-6)
+    np.testing.assert_allclose(pred.A_PLE.sum(axis=-1), 1.0)
+
+
+def test_a_profiled_prompt_is_its_own_nearest_neighbour() -> None:
+    a = synthetic_trace(30, vocab=20, moe_layers=(0,), num_experts=4, seed=1,
+                        request_prefix="a")
+    pred = SPSPredictor(RandomEmbedding(16, 0), "tree", alpha=5, beta=10).fit(a)
+    tree = pred.tree
+    assert tree is not None
+    _check_tree(tree, 30, 10)
+    idx, sim = pred.neighbours(pred.U_PD[0].astype(np.float64))
+    assert idx[0] == 0 and sim[0] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_custom_embedding_must_be_passed_again_on_load(tmp_path: Path) -> None:
+    train = synthetic_trace(10, seed=0)
+    emb = FunctionEmbedding(lambda ids: np.eye(64)[np.asarray(ids) % 64], "custom:onehot")
+    pred = SPSPredictor(emb, "bf", alpha=3).fit(train)
+    path = pred.save(tmp_path / "sps.npz")
+    with pytest.raises(DataError, match="cannot rebuild"):
+        SPSPredictor.load(path).predict_counts([[1, 2]])
+    loaded = SPSPredictor.load(path, embed=emb)
+    np.testing.assert_array_equal(loaded.predict_counts([[1, 2]]), pred.predict_counts([[1, 2]]))
+
+
+def test_wrong_embedding_size_and_bad_parameters() -> None:
+    pred = SPSPredictor(RandomEmbedding(8, 0), "bf").fit(synthetic_trace(5, seed=0))
+    pred._embed = RandomEmbedding(4, 0)
+    with pytest.raises(DataError, match="embedding has size 4"):
+        pred.predict_counts([[1]])
+    with pytest.raises(DataError):
+        SPSPredictor(RandomEmbedding(8, 0), alpha=0)
+    with pytest.raises(DataError):
+        SPSPredictor(RandomEmbedding(8, 0), method="pam")  # type: ignore[arg-type]
+    with pytest.raises(DataError, match="no embedding source"):
+        SPSPredictor().fit(synthetic_trace(5, seed=0))
