@@ -16,6 +16,7 @@ from moefleet.cli import platforms as _platforms
 from moefleet.cli import predict as _predict
 from moefleet.cli import profile as _profile
 from moefleet.cli import profile_compute as _profile_compute
+from moefleet.cli import runtime as _runtime
 from moefleet.cli import simulate as _simulate
 from moefleet.cli import traces as _traces
 
@@ -36,6 +37,8 @@ app.add_typer(_predict.app, name="predict")
 app.command("profile")(_profile.profile_cmd)
 app.command("profile-compute")(_profile_compute.profile_compute_cmd)
 app.command("demo")(_demo.demo_cmd)
+app.command("deploy")(_runtime.deploy_cmd)
+app.command("run")(_runtime.run_cmd)
 app.command("simulate")(_simulate.simulate_cmd)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from moefleet.models.base import MoEModelAdapter
+from moefleet.models.moefy import entries as _moefy  # noqa: F401  (registers minilm-moe-*)
 from moefleet.models.zoo import ProgressFn, ZooEntry, register
 
 

@@ -1,0 +1,186 @@
+"""``moefleet deploy`` and ``moefleet run``: real execution of a plan on a backend.
+
+    moefleet deploy plan.yaml --backend local --store DIR|s3://bucket/prefix -o deployment.json
+    moefleet run --deployment deployment.json --dataset wikitext2 --tokens 512 --json
+    moefleet run --plan plan.yaml --tokens 512          # deploy, run, tear down in one go
+
+On the ``local`` backend, function instances live in worker processes of the command that
+runs them, so ``deploy`` uploads the weights and writes the deployment file (function
+definitions validated against the platform) and ``run`` starts the instances (cold).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from moefleet.cli.common import emit_json, out_console, progress, user_errors
+from moefleet.errors import MoefleetError
+from moefleet.io import write_json_atomic
+
+
+def _default_store() -> str:
+    from moefleet import paths
+
+    return str(paths.cache_dir() / "store")
+
+
+def _check_backend(name: str) -> None:
+    from moefleet.runtime.base import backend_names
+
+    if name not in backend_names():
+        raise MoefleetError(f"unknown backend {name!r}",
+                            f"available backends: {', '.join(backend_names())}")
+
+
+def _deploy(plan_path: Path, backend: str, store_url: str, json_mode: bool):
+    from moefleet.cli.models import load_with_progress
+    from moefleet.plan import DeploymentPlan
+    from moefleet.platform import load_platform, open_store
+    from moefleet.runtime.base import validate_spec
+    from moefleet.runtime.deploy import deploy_plan
+
+    _check_backend(backend)
+    plan = DeploymentPlan.load(plan_path)
+    platform = load_platform(plan.platform)
+    adapter = load_with_progress(plan.model, json_mode)
+    store = open_store(store_url)
+    dep = deploy_plan(adapter, plan, platform, store, backend_name=backend)
+    dep.functions = [validate_spec(platform, spec) for spec in dep.functions]
+    return dep, adapter, platform, store
+
+
+def deploy_cmd(
+    plan: Annotated[Path, typer.Argument(help="Plan YAML (moefleet plan -o, or hand-written).")],
+    backend: Annotated[str, typer.Option(help="Function backend.")] = "local",
+    store: Annotated[str | None, typer.Option(
+        help="Object store: a directory or s3://bucket/prefix (default: the user cache).")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Deployment file to write.")] = Path(
+        "deployment.json"),
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
+) -> None:
+    """Upload a plan's weights to the object store and define its functions.
+
+    Example: moefleet deploy plan.yaml --store /tmp/moefleet-store -o deployment.json
+    """
+    with user_errors():
+        dep, _, _, _ = _deploy(plan, backend, store or _default_store(), as_json)
+        dep.save(out)
+    summary = {"deployment": str(out), "store": dep.store, "prefix": dep.prefix,
+               "functions": len(dep.functions), "bytes_uploaded": dep.layout.bytes_uploaded,
+               "backend": dep.backend, "model": dep.model, "platform": dep.platform}
+    if as_json:
+        emit_json(summary)
+        return
+    out_console(False).print(
+        f"deployed {dep.model} as {len(dep.functions)} functions on {dep.platform} "
+        f"({dep.layout.bytes_uploaded / 1e6:.1f} MB of weights in {dep.store}/{dep.prefix})\n"
+        f"wrote {out}; run it with: moefleet run --deployment {out}")
+
+
+def run_cmd(
+    deployment: Annotated[Path | None, typer.Option(help="Deployment file (moefleet deploy).")
+                          ] = None,
+    plan: Annotated[Path | None, typer.Option(help="Plan YAML: deploy, run, tear down.")] = None,
+    dataset: Annotated[str, typer.Option("--dataset", "-d", help="Dataset name[:split] or file."
+                                         )] = "wikitext2",
+    tokens: Annotated[int, typer.Option(help="Tokens to run.")] = 512,
+    batch_size: Annotated[int, typer.Option(help="Prompts per batch.")] = 8,
+    max_length: Annotated[int, typer.Option(help="Truncate each prompt to this.")] = 128,
+    backend: Annotated[str, typer.Option(help="Function backend (with --plan).")] = "local",
+    store: Annotated[str | None, typer.Option(help="Object store (with --plan; default: a "
+                                              "temporary directory).")] = None,
+    workers: Annotated[int | None, typer.Option(help="Local worker processes.")] = None,
+    check: Annotated[bool, typer.Option(help="Compare outputs with the monolithic model.")
+                     ] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable results.")] = False,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Results JSON to write.")
+                   ] = None,
+) -> None:
+    """Run a dataset through a deployed model; print billed cost, latency, cold starts.
+
+    Example: moefleet run --plan plan.yaml --dataset wikitext2 --tokens 512 -o results.json
+    """
+    with user_errors():
+        if (deployment is None) == (plan is None):
+            raise MoefleetError("pass exactly one of --deployment and --plan",
+                                "e.g. moefleet run --plan plan.yaml")
+        with tempfile.TemporaryDirectory(prefix="moefleet-store-") as tmp:
+            summary = _run(deployment, plan, dataset, tokens, batch_size, max_length, backend,
+                           store or tmp, workers, check, as_json)
+        if out is not None:
+            write_json_atomic(out, summary)
+    if as_json:
+        emit_json(summary)
+    else:
+        _print_summary(summary)
+
+
+def _run(deployment: Path | None, plan: Path | None, dataset: str, tokens: int,
+         batch_size: int, max_length: int, backend_name: str, store_url: str,
+         workers: int | None, check: bool, json_mode: bool) -> dict[str, Any]:
+    from moefleet.cli.models import load_with_progress
+    from moefleet.cli.profile import split_dataset
+    from moefleet.data import load_prompts
+    from moefleet.platform import load_platform, open_store
+    from moefleet.runtime.base import create_backend
+    from moefleet.runtime.deploy import Deployment, install, remove_objects
+    from moefleet.runtime.executor import Executor
+    from moefleet.runtime.runner import make_batches, run_workload
+
+    if deployment is not None:
+        dep = Deployment.load(deployment)
+        platform = load_platform(dep.platform)
+        adapter = load_with_progress(dep.model, json_mode)
+        store = open_store(dep.store)
+        backend_name = dep.backend
+    else:
+        assert plan is not None
+        dep, adapter, platform, store = _deploy(plan, backend_name, store_url, json_mode)
+    name, split = split_dataset(dataset)
+    prompts = load_prompts(name, split=split)
+    batches = make_batches(adapter, [p.request_id for p in prompts], [p.text for p in prompts],
+                           max_tokens=tokens, max_length=max_length, batch_size=batch_size)
+    options: dict[str, Any] = {"store": dep.store}
+    if workers is not None:
+        options["workers"] = workers
+    backend = create_backend(backend_name, platform, **options)
+    try:
+        install(dep, backend)
+        with Executor(dep, backend, store, platform) as executor, progress() as bar:
+            task = bar.add_task(f"running {dep.model} on {backend_name}", total=len(batches))
+            summary = run_workload(
+                executor, batches, reference=adapter if check else None,
+                progress=lambda done, total: bar.update(task, completed=done, total=total))
+    finally:
+        backend.teardown()
+        if plan is not None:
+            remove_objects(dep, store)
+    summary["dataset"] = dataset
+    return summary
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    con = out_console(False)
+    table = Table(title=f"{s['model']} on {s['platform']} ({s['backend']} backend)")
+    for col in ("layer", "method", "β", "MoE latency ms", "invocations", "cold", "cost USD"):
+        table.add_column(col, justify="right")
+    for row in s["layers"]:
+        table.add_row(str(row["layer"]), row["method"], str(row["beta"]),
+                      f"{row['moe_latency_s'] * 1e3:.1f}", str(row["invocations"]),
+                      str(row["cold_starts"]), f"{row['cost_usd']:.3g}")
+    con.print(table)
+    cost = s["cost_usd"]
+    diff = s.get("max_abs_diff")
+    con.print(
+        f"tokens {s['tokens']} in {s['batches']} batches; billed ${cost['total']:.4g} "
+        f"(${cost['per_1k_tokens']:.4g} per 1k tokens; compute {cost['compute']:.3g}, "
+        f"requests {cost['request']:.3g}, storage {cost['storage']:.3g})\n"
+        f"throughput {s['throughput_tokens_per_s']:.1f} tokens/s; median batch latency "
+        f"{s['latency_s']['median'] * 1e3:.0f} ms; cold starts {s['cold_starts']} of "
+        f"{s['invocations']} invocations"
+        + (f"; max |Δ| vs monolithic {diff:.2g}" if diff is not None else ""))

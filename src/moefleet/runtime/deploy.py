@@ -1,0 +1,198 @@
+"""Turn a ``DeploymentPlan`` into functions on a backend, and remember it as JSON.
+
+``deploy_plan`` checks the plan against the model and the platform, uploads the model's
+weights to the object store (:func:`weights.upload_model`), builds one
+:class:`FunctionSpec` per plan function — ``seg-<block>`` with the block's memory,
+``exp-<layer>-<i>`` with the expert's memory and replicas — and deploys them when given a
+backend. The returned :class:`Deployment` is what the executor runs against and what
+``moefleet deploy`` writes to disk; :func:`install` re-creates its functions on a fresh
+backend (the weights are already in the store).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moefleet.errors import DataError
+from moefleet.io import write_json_atomic
+from moefleet.models.base import MoEModelAdapter
+from moefleet.plan import DeploymentPlan, PlanError, expert_function, segment_function
+from moefleet.platform import ObjectStore, PlatformSpec
+from moefleet.runtime.base import FunctionBackend, FunctionSpec, HandlerRef
+from moefleet.runtime.weights import ModelLayout, upload_model
+
+DEPLOYMENT_FORMAT = 1
+DEFAULT_KEEP_ALIVE_S = 600.0
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@dataclass
+class Deployment:
+    """A model laid out as functions: where its weights are, which functions exist, and the
+    model structure the executor needs (no weights on the caller's side)."""
+
+    model: str
+    platform: str
+    backend: str
+    store: str
+    prefix: str
+    plan: DeploymentPlan
+    layout: ModelLayout
+    structure: dict[str, Any]
+    functions: list[FunctionSpec]
+    namespace: str = ""  # prefix of every function name (several deployments, one backend)
+    created: str = field(
+        default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+
+    def function(self, plan_name: str) -> str:
+        """The backend's name for plan function ``plan_name`` (e.g. ``seg-0``)."""
+        return self.namespace + plan_name
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.structure["num_layers"])
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return [int(x) for x in self.structure["moe_layers"]]
+
+    @property
+    def top_k(self) -> int:
+        return int(self.structure["top_k"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": DEPLOYMENT_FORMAT, "model": self.model, "platform": self.platform,
+            "backend": self.backend, "store": self.store, "prefix": self.prefix,
+            "plan": self.plan.model_dump(mode="json"), "layout": self.layout.to_dict(),
+            "structure": self.structure, "functions": [f.to_dict() for f in self.functions],
+            "namespace": self.namespace, "created": self.created,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        write_json_atomic(path, self.to_dict())
+        return Path(path)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "<deployment>") -> Deployment:
+        if d.get("format") != DEPLOYMENT_FORMAT:
+            raise DataError(f"{source}: deployment format {d.get('format')!r} is not "
+                            f"{DEPLOYMENT_FORMAT}", "deploy again with moefleet deploy")
+        try:
+            return cls(
+                model=d["model"], platform=d["platform"], backend=d["backend"],
+                store=d["store"], prefix=d["prefix"],
+                plan=DeploymentPlan.model_validate(d["plan"]),
+                layout=ModelLayout.from_dict(d["layout"]), structure=dict(d["structure"]),
+                functions=[FunctionSpec.from_dict(f) for f in d["functions"]],
+                namespace=d.get("namespace", ""), created=d.get("created", ""),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise DataError(f"{source} is not a valid deployment: {err!r}",
+                            "deploy again with moefleet deploy") from err
+
+    @classmethod
+    def load(cls, path: str | Path) -> Deployment:
+        p = Path(path)
+        if not p.is_file():
+            raise DataError(f"deployment file {p} does not exist",
+                            "create it with: moefleet deploy PLAN -o deployment.json")
+        try:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as err:
+            raise DataError(f"{p} is not valid JSON: {err}", "deploy again") from err
+        return cls.from_dict(data, str(p))
+
+
+def model_structure(adapter: MoEModelAdapter) -> dict[str, Any]:
+    return {
+        "name": adapter.name, "family": adapter.family, "num_layers": adapter.num_layers,
+        "moe_layers": list(adapter.moe_layers),
+        "num_experts": [adapter.num_experts(layer) for layer in adapter.moe_layers],
+        "top_k": adapter.top_k, "hidden_size": adapter.hidden_size,
+    }
+
+
+def check_plan(plan: DeploymentPlan, adapter: MoEModelAdapter, platform: PlatformSpec) -> None:
+    """The plan fits the model (blocks, MoE layers, experts) and the platform."""
+    if plan.platform != platform.name:
+        raise PlanError(
+            f"the plan was made for platform {plan.platform!r}, not {platform.name!r}",
+            f"deploy to {plan.platform!r}, or re-plan for {platform.name!r}")
+    plan.check_model(adapter.moe_layers,
+                     [adapter.num_experts(layer) for layer in adapter.moe_layers],
+                     adapter.num_layers)
+    plan.check_platform(platform)
+
+
+def function_specs(
+    plan: DeploymentPlan, layout: ModelLayout, platform: PlatformSpec, *,
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S, timeout_s: float | None = None,
+    namespace: str = "",
+) -> list[FunctionSpec]:
+    """One spec per plan function (segments first, then experts by layer); names are the
+    plan's (``seg-<block>``, ``exp-<layer>-<i>``) behind ``namespace``."""
+    limit = platform.limits.timeout_s if platform.limits else None
+    timeout = timeout_s or min(DEFAULT_TIMEOUT_S, limit or DEFAULT_TIMEOUT_S)
+    common: dict[str, Any] = {"keep_alive_s": keep_alive_s, "timeout_s": timeout}
+    specs = [
+        FunctionSpec(
+            namespace + segment_function(block), "segment",
+            HandlerRef("moefleet.runtime.handlers:segment_handler",
+                       {"block": block, "skeleton": layout.skeleton,
+                        "weights": layout.segments[block]}),
+            memory_mb=mem, layer=block, **common)
+        for block, mem in enumerate(plan.segment_memory_mb)
+    ]
+    for lp in plan.layers:
+        for i, ec in enumerate(lp.experts):
+            specs.append(FunctionSpec(
+                namespace + expert_function(lp.layer, i), "expert",
+                HandlerRef("moefleet.runtime.handlers:expert_handler",
+                           {"layer": lp.layer, "skeleton": layout.skeleton,
+                            "weights": {str(i): layout.expert_key(lp.layer, i)}}),
+                memory_mb=ec.memory_mb, replicas=ec.replicas, layer=lp.layer, experts=(i,),
+                **common))
+    return specs
+
+
+def deploy_plan(
+    adapter: MoEModelAdapter, plan: DeploymentPlan, platform: PlatformSpec,
+    store: ObjectStore, *, backend: FunctionBackend | None = None, backend_name: str = "local",
+    prefix: str | None = None, model_ref: str | None = None,
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S, timeout_s: float | None = None,
+    namespace: str = "",
+) -> Deployment:
+    """Check, upload weights, build function specs, deploy them on ``backend`` if given.
+    ``namespace`` prefixes function names so several deployments can share a backend."""
+    check_plan(plan, adapter, platform)
+    prefix = prefix or f"deployments/{uuid.uuid4().hex[:12]}"
+    layout = upload_model(adapter, store, prefix)
+    specs = function_specs(plan, layout, platform, keep_alive_s=keep_alive_s,
+                           timeout_s=timeout_s, namespace=namespace)
+    deployment = Deployment(
+        model=model_ref or plan.model, platform=platform.name,
+        backend=backend.name if backend is not None else backend_name, store=store.url,
+        prefix=prefix, plan=plan, layout=layout, structure=model_structure(adapter),
+        functions=specs, namespace=namespace)
+    if backend is not None:
+        install(deployment, backend)
+    return deployment
+
+
+def install(deployment: Deployment, backend: FunctionBackend) -> list[FunctionSpec]:
+    """Create the deployment's functions on ``backend`` (weights must be in the store)."""
+    return [backend.deploy(spec) for spec in deployment.functions]
+
+
+def remove_objects(deployment: Deployment, store: ObjectStore) -> int:
+    """Delete everything the deployment put under its prefix; returns the count."""
+    keys = store.list(deployment.prefix + "/")
+    for key in keys:
+        store.delete(key)
+    return len(keys)

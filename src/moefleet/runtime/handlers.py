@@ -1,0 +1,341 @@
+"""Function handlers: what runs inside a function instance, on any backend.
+
+A handler factory is called once per instance (the cold start) as
+``factory(config, InitContext) -> handler`` and loads the instance's weights from the
+object store; the handler is then called per invocation as ``handler(payload, CallContext)
+-> bytes``. Payloads are packets (:mod:`moefleet.runtime.payload`).
+
+- :func:`segment_handler` — the non-expert part of block ``l``. ``op=pre``: (embed on block
+  0) attention + gate, and for storage methods the *scatter*: each expert replica's input
+  minibatches are uploaded by this function. ``op=post``: the *gather* (storage methods
+  download the replicas' outputs here; ``direct`` receives them from the caller), shared
+  experts, residual, and the head on the last block. Dense blocks run whole in ``op=pre``.
+- :func:`expert_handler` — one or more experts of one MoE layer; ``direct`` (tokens in the
+  payload), ``storage`` (one object in, one out) or ``pipelined`` (minibatches of β tokens:
+  the download of minibatch m+1 and the upload of m-1 run in threads while m computes).
+- :func:`debug_handler` — echo / sleep / crash / fail / store ops for contract and fault
+  tests and the overhead benchmark.
+
+Invariant: expert outputs are already gate-weighted (y = w · expert(x)); the gatherer only
+sums, and checks every token-slot arrives exactly once (:func:`scatter.gather`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from moefleet.models.base import ForwardContext
+from moefleet.platform import ObjectNotFoundError, ObjectStore
+from moefleet.runtime import scatter, weights
+from moefleet.runtime.base import HandlerRef
+from moefleet.runtime.errors import FunctionError, PayloadError
+from moefleet.runtime.payload import (
+    flatten_context,
+    need,
+    pack,
+    pack_spilling,
+    resolve,
+    unflatten_context,
+    unpack,
+)
+from moefleet.runtime.stores import import_callable
+
+_IO_THREADS = 8  # parallel object-store requests of one function (S3 clients do the same)
+MB = 1024 * 1024
+Tensors = dict[str, torch.Tensor]
+Json = dict[str, Any]
+
+
+@dataclass
+class InitContext:
+    """Cold-start context: the instance's function, memory and thread budget, and a store
+    (requests made here are billed to the cold invocation)."""
+
+    function: str
+    memory_mb: int
+    threads: int
+    store: ObjectStore | None
+
+
+@dataclass
+class CallContext:
+    """Per-invocation context; ``max_inline_bytes`` is the platform's payload limit."""
+
+    function: str
+    request_id: str | None
+    store: ObjectStore | None
+    max_inline_bytes: int
+
+
+Handler = Callable[[bytes, CallContext], bytes]
+
+
+def make_handler(ref: HandlerRef, init: InitContext) -> Handler:
+    """Import and call the factory named by ``ref``."""
+    factory = import_callable(ref.factory, FunctionError)
+    handler: Handler = factory(dict(ref.config), init)
+    return handler
+
+
+def _require_store(store: ObjectStore | None, function: str) -> ObjectStore:
+    if store is None:
+        raise FunctionError(f"{function}: needs an object store", "configure the backend store")
+    return store
+
+
+def _load_object(store: ObjectStore, key: str, function: str) -> bytes:
+    try:
+        return store.get(key)
+    except ObjectNotFoundError:
+        raise FunctionError(
+            f"{function}: weights object {key!r} is missing from {store.url}",
+            "deploy the model again (moefleet deploy PLAN) so its weights are uploaded",
+        ) from None
+
+
+def _check_memory(function: str, memory_mb: int, nbytes: int) -> None:
+    if nbytes > memory_mb * MB:
+        raise FunctionError(
+            f"{function}: weights need {nbytes / MB:.1f} MB but memory_mb={memory_mb}",
+            "give the function more memory in the plan",
+        )
+
+
+# -- segment functions --------------------------------------------------------------------
+class _Segment:
+    def __init__(self, config: dict[str, Any], init: InitContext) -> None:
+        store = _require_store(init.store, init.function)
+        self.function = init.function
+        self.block = int(config["block"])
+        self.adapter = weights.build_skeleton(
+            _load_object(store, config["skeleton"], self.function))
+        tensors = weights.from_bytes(_load_object(store, config["weights"], self.function))
+        _check_memory(self.function, init.memory_mb, weights.module_bytes(tensors))
+        weights.assign_tensors(self.adapter.model, tensors)
+        self.is_moe = self.block in self.adapter.moe_layers
+        self.is_last = self.block == self.adapter.num_layers - 1
+
+    def __call__(self, payload: bytes, ctx: CallContext) -> bytes:
+        packet = unpack(payload)
+        resolve(packet, ctx.store)
+        meta = packet.meta
+        out: dict[str, torch.Tensor] = {}
+        info: dict[str, Any] = {}
+        with torch.no_grad():
+            if meta["op"] == "pre":
+                self._pre(packet.tensors, meta, out, info, ctx)
+            elif meta["op"] == "post":
+                self._post(packet.tensors, meta, out, info, ctx)
+            else:
+                raise PayloadError(f"{self.function}: unknown op {meta['op']!r}", "pre or post")
+        return pack_spilling(out, info, None, max_bytes=ctx.max_inline_bytes, store=ctx.store,
+                             prefix=meta.get("spill_prefix", f"spill/{self.function}"))
+
+    def _context(self, t: dict[str, torch.Tensor], meta: dict[str, Any]) -> ForwardContext:
+        return unflatten_context(t, meta["ctx"])
+
+    def _pre(self, t: Tensors, meta: Json, out: Tensors, info: Json, ctx: CallContext) -> None:
+        a = self.adapter
+        if self.block == 0:
+            (ids_BT,) = need(t, "input_ids_BT")
+            h_BTD, fctx = a.begin(ids_BT, t.get("attention_mask_BT"))
+            ctx_tensors, info["ctx"] = flatten_context(fctx)
+            out.update(ctx_tensors)
+        else:
+            (h_BTD,) = need(t, "h_BTD")
+            fctx = self._context(t, meta)
+        residual_BTD, x_BTD = a.pre_moe(self.block, h_BTD, fctx)
+        if not self.is_moe:
+            h_BTD = a.post_moe(self.block, residual_BTD, x_BTD, None)
+            if self.is_last:
+                out["out"] = a.finish(h_BTD, fctx)
+            else:
+                out["h_BTD"] = h_BTD
+            return
+        x_ND = x_BTD.reshape(-1, x_BTD.shape[-1])
+        ids_NK, w_NK = a.route(self.block, x_ND)
+        out.update(residual_BTD=residual_BTD, x_BTD=x_BTD, ids_NK=ids_NK, w_NK=w_NK)
+        if meta.get("scatter"):
+            t0 = time.perf_counter()
+            self._scatter(meta["scatter"], x_ND, ids_NK, w_NK, ctx)
+            info["scatter_s"] = time.perf_counter() - t0
+
+    def _scatter(self, spec: Json, x_ND: torch.Tensor, ids_NK: torch.Tensor,
+                 w_NK: torch.Tensor, ctx: CallContext) -> None:
+        store = _require_store(ctx.store, self.function)
+        jobs: list[tuple[str, bytes]] = []
+        for share in scatter.assign(self.block, ids_NK, spec["replicas"]):
+            beta = scatter.object_beta(spec["method"], spec["beta"], share.size)
+            in_keys, _ = scatter.share_keys(spec["prefix"], share, beta)
+            x_nD, w_n = scatter.share_inputs(share, x_ND, w_NK)
+            for key, (s, e) in zip(in_keys, scatter.minibatches(share.size, beta), strict=True):
+                jobs.append((key, pack({"x": x_nD[s:e], "w": w_n[s:e]})))
+        with ThreadPoolExecutor(min(_IO_THREADS, max(1, len(jobs)))) as pool:
+            list(pool.map(lambda job: store.put(*job), jobs))
+
+    def _post(self, t: Tensors, meta: Json, out: Tensors, info: Json, ctx: CallContext) -> None:
+        a = self.adapter
+        residual_BTD, x_BTD = need(t, "residual_BTD", "x_BTD")
+        if "gather" in meta:
+            t0 = time.perf_counter()
+            (ids_NK,) = need(t, "ids_NK")
+            routed_ND = self._gather(meta["gather"], ids_NK, x_BTD, info, ctx)
+            info["gather_s"] = time.perf_counter() - t0
+        else:
+            (routed_ND,) = need(t, "routed_ND")
+        h_BTD = a.post_moe(self.block, residual_BTD, x_BTD, routed_ND.reshape(x_BTD.shape))
+        if self.is_last:
+            out["out"] = a.finish(h_BTD, self._context(t, meta))
+        else:
+            out["h_BTD"] = h_BTD
+
+    def _gather(self, spec: Json, ids_NK: torch.Tensor, x_BTD: torch.Tensor, info: Json,
+                ctx: CallContext) -> torch.Tensor:
+        store = _require_store(ctx.store, self.function)
+        shares = scatter.assign(self.block, ids_NK, spec["replicas"])
+        keys = []
+        for share in shares:
+            beta = scatter.object_beta(spec["method"], spec["beta"], share.size)
+            keys.append(scatter.share_keys(spec["prefix"], share, beta)[1])
+        flat = [k for ks in keys for k in ks]
+        with ThreadPoolExecutor(min(_IO_THREADS, max(1, len(flat)))) as pool:
+            blobs = dict(zip(flat, pool.map(store.get, flat), strict=True))
+        parts = [
+            (share, torch.cat([need(unpack(blobs[k]), "y")[0] for k in ks]))
+            for share, ks in zip(shares, keys, strict=True)
+        ]
+        info["gathered"] = [[s.label, s.size] for s in shares]
+        x_ND = x_BTD.reshape(-1, x_BTD.shape[-1])
+        return scatter.gather(self.block, ids_NK.shape[0], ids_NK.shape[1], parts, x_ND)
+
+
+def segment_handler(config: dict[str, Any], init: InitContext) -> Handler:
+    """Factory; config: ``block``, ``skeleton`` (key), ``weights`` (key)."""
+    return _Segment(config, init)
+
+
+# -- expert functions ---------------------------------------------------------------------
+class _Expert:
+    def __init__(self, config: dict[str, Any], init: InitContext) -> None:
+        store = _require_store(init.store, init.function)
+        self.function = init.function
+        self.layer = int(config["layer"])
+        skeleton = weights.build_skeleton(_load_object(store, config["skeleton"], self.function))
+        self.modules: dict[int, torch.nn.Module] = {}
+        total = 0
+        for index, key in config["weights"].items():
+            tensors = weights.from_bytes(_load_object(store, key, self.function))
+            total += weights.module_bytes(tensors)
+            self.modules[int(index)] = weights.load_expert(skeleton, self.layer, int(index),
+                                                           tensors)
+        _check_memory(self.function, init.memory_mb, total)
+
+    def _run(self, expert: int, x_nD: torch.Tensor, w_n: torch.Tensor) -> torch.Tensor:
+        if expert not in self.modules:
+            raise PayloadError(f"{self.function} does not hold expert {expert} "
+                               f"(holds {sorted(self.modules)})", "check the deployment")
+        with torch.no_grad():
+            return self.modules[expert](x_nD) * w_n[:, None].to(x_nD.dtype)
+
+    def __call__(self, payload: bytes, ctx: CallContext) -> bytes:
+        packet = unpack(payload)
+        meta = packet.meta
+        mode, expert = meta["mode"], int(meta["expert"])
+        if mode == "direct":
+            resolve(packet, ctx.store)
+            x_nD, w_n = need(packet, "x", "w")
+            return pack({"y": self._run(expert, x_nD, w_n)})
+        store = _require_store(ctx.store, self.function)
+        in_keys, out_keys = meta["in_keys"], meta["out_keys"]
+        if len(in_keys) != len(out_keys) or not in_keys:
+            raise PayloadError(f"{self.function}: {len(in_keys)} input and {len(out_keys)} "
+                               "output keys", "the caller must pass one output key per input")
+        t0 = time.perf_counter()
+        if mode == "storage":
+            for key_in, key_out in zip(in_keys, out_keys, strict=True):
+                x_nD, w_n = need(unpack(store.get(key_in)), "x", "w")
+                store.put(key_out, pack({"y": self._run(expert, x_nD, w_n)}))
+        elif mode == "pipelined":
+            self._pipelined(store, expert, in_keys, out_keys)
+        else:
+            raise PayloadError(f"{self.function}: unknown mode {mode!r}",
+                               "direct, storage or pipelined")
+        return pack(meta={"tokens": int(meta.get("tokens", 0)),
+                          "compute_io_s": time.perf_counter() - t0})
+
+    def _pipelined(self, store: ObjectStore, expert: int, in_keys: list[str],
+                   out_keys: list[str]) -> None:
+        # Two I/O threads: one prefetches minibatch m+1 while m computes on this thread,
+        # the other uploads finished minibatches, so transfers hide behind compute.
+        with ThreadPoolExecutor(2) as pool:
+            uploads = []
+            pending = pool.submit(store.get, in_keys[0])
+            for m, key_out in enumerate(out_keys):
+                x_nD, w_n = need(unpack(pending.result()), "x", "w")
+                if m + 1 < len(in_keys):
+                    pending = pool.submit(store.get, in_keys[m + 1])
+                y = pack({"y": self._run(expert, x_nD, w_n)})
+                uploads.append(pool.submit(store.put, key_out, y))
+            for u in uploads:
+                u.result()
+
+
+def expert_handler(config: dict[str, Any], init: InitContext) -> Handler:
+    """Factory; config: ``layer``, ``skeleton`` (key), ``weights`` ({index: key})."""
+    return _Expert(config, init)
+
+
+# -- diagnostics --------------------------------------------------------------------------
+def debug_handler(config: dict[str, Any], init: InitContext) -> Handler:
+    """A model-free handler. Config: ``init_sleep_s``, ``init_fail`` (raise at cold start),
+    ``init_get`` (a key to read at cold start). Per call, ``meta.op`` is one of
+    ``echo`` (return the request bytes), ``sleep`` (``seconds``), ``crash`` (the process
+    exits at once), ``crash_once`` (exit unless ``flag`` file exists; creates it),
+    ``fail`` (raise ValueError), ``store`` (``puts`` PUTs then GETs of one key), ``copy``
+    (GET ``in``, PUT it as ``out``), ``big`` (return ``nbytes`` of tensor), ``pid``."""
+    time.sleep(float(config.get("init_sleep_s", 0.0)))
+    if config.get("init_fail"):
+        raise ValueError(f"{init.function}: init_fail was set")
+    if config.get("init_get"):
+        _load_object(_require_store(init.store, init.function), config["init_get"],
+                     init.function)
+
+    def handle(payload: bytes, ctx: CallContext) -> bytes:
+        meta = unpack(payload).meta
+        op = meta.get("op", "echo")
+        if op == "echo":
+            return payload
+        if op == "sleep":
+            time.sleep(float(meta["seconds"]))
+        elif op == "crash":
+            os._exit(17)
+        elif op == "crash_once":
+            flag = Path(meta["flag"])
+            if not flag.exists():
+                flag.write_text(str(os.getpid()))
+                os._exit(17)
+        elif op == "fail":
+            raise ValueError(f"{ctx.function}: asked to fail")
+        elif op == "store":
+            store = _require_store(ctx.store, ctx.function)
+            for i in range(int(meta.get("puts", 1))):
+                store.put(f"debug/{ctx.function}/{i}", b"x" * 16)
+                store.get(f"debug/{ctx.function}/{i}")
+        elif op == "copy":  # one GET, one PUT: the storage path of a transfer
+            store = _require_store(ctx.store, ctx.function)
+            store.put(meta["out"], store.get(meta["in"]))
+        elif op == "big":
+            return pack({"blob": torch.zeros(int(meta["nbytes"]), dtype=torch.uint8)})
+        elif op != "pid":
+            raise PayloadError(f"{ctx.function}: unknown debug op {op!r}", "see debug_handler")
+        return pack(meta={"pid": os.getpid(), "op": op})
+
+    return handle

@@ -1,0 +1,346 @@
+"""The ``local`` backend: function instances in a bounded pool of worker processes.
+
+What is **real**: every invocation runs its handler in another process (a forkserver child:
+torch is fork-fragile, so workers fork from a clean, pre-imported server, never from the
+caller); payloads cross a pipe as bytes (safetensors, no pickle); a cold start really
+builds the instance and loads its weights from the object store (measured → ``init_s``);
+crashes, timeouts (the worker is killed) and retries are real; object-store requests are
+counted per invocation; per-function replicas (instance cap) and per-instance concurrency
+are enforced; idle instances are unloaded after ``keep_alive_s``.
+
+What is **emulated** (one machine standing in for a FaaS fleet):
+- a worker is one CPU slot of the node; it runs one invocation at a time and hosts many
+  instances (their weights stay in its memory), so a warm instance whose worker is busy
+  with another function waits, where a real platform would run it on its own vCPUs;
+- memory_mb → vCPUs by the platform's rule → ``torch`` threads = round(vCPUs), at least
+  1 and at most the machine's cores: a 128 MB Lambda's 0.07 vCPU runs on a whole thread and
+  6 vCPUs on a 2-core machine get 2; memory_mb is checked against the weights, not enforced
+  as a process limit;
+- process start and ``import torch`` are paid once per worker (forkserver preload), not
+  per instance: ``init_s`` is instance construction + weight download + load only;
+- the store is whatever ``store`` names (a local directory by default: far faster than S3;
+  pass ``store_latency=(latency_s, bytes_per_s)`` to emulate the platform's storage).
+
+Memory (measured, benchmarks/runtime_overhead.py and the README's command): an idle
+worker is ~100 MB PSS (~285 MB RSS, most of it torch/transformers pages shared with the
+forkserver); one process per function would be ~330 MB RSS each (spawn + torch +
+transformers), i.e. ~17 GB for minilm-moe-e8's 54 functions, where 2 workers hosting all
+54 instances measured 336 MB PSS in total. Default pool size: the machine's cores, fewer
+if available memory is short (512 MB planned per worker).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from moefleet.platform import InvocationRecord, ObjectStore, PlatformSpec, load_platform
+from moefleet.runtime.base import (
+    FunctionBackend,
+    FunctionSpec,
+    InvokeResult,
+    check_payload,
+    payload_limit,
+    validate_spec,
+)
+from moefleet.runtime.errors import (
+    BackendClosedError,
+    FunctionCrashedError,
+    HandlerError,
+    InvocationTimeoutError,
+    ThrottledError,
+    UnknownFunctionError,
+)
+from moefleet.runtime.local_pool import Call, Worker, WorkerPool, default_workers, process_memory_mb
+from moefleet.runtime.local_worker import send_msg
+
+_TICK_S = 0.05  # housekeeping period (deadlines, keep-alive)
+
+
+class _Lost(Exception):
+    """The worker died under an in-flight call (retryable)."""
+
+
+@dataclass(eq=False)
+class _Instance:
+    id: str
+    function: str
+    slot: int
+    in_flight: int = 0
+    loaded: bool = False
+    last_used: float = field(default_factory=time.monotonic)
+
+
+@dataclass(eq=False)
+class _Function:
+    spec: FunctionSpec
+    instances: list[_Instance] = field(default_factory=list)
+
+
+class LocalBackend(FunctionBackend):
+    """Worker-process backend. ``store`` is where handlers read weights and exchange
+    tensors (path, URL or ObjectStore with a ``url``); ``workers`` the pool size (default:
+    :func:`default_workers`). A crashed call is retried ``max_retries`` times after
+    ``retry_backoff_s`` x 1, 2, 4 ...; a call waits at most ``admission_timeout_s``
+    (default: its timeout + 60 s) for a free instance slot. ``store_latency`` =
+    (seconds, bytes/s) emulates a remote store; ``store_wrap`` = ("module:factory",
+    options) wraps the workers' store (fault injection)."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        platform: PlatformSpec | str = "aws-lambda",
+        *,
+        store: str | ObjectStore | None = None,
+        workers: int | None = None,
+        max_retries: int = 2,
+        retry_backoff_s: float = 0.05,
+        admission_timeout_s: float | None = None,
+        init_timeout_s: float = 120.0,
+        store_latency: tuple[float, float] | None = None,
+        store_wrap: tuple[str, dict[str, Any]] | None = None,
+        store_retries: int = 3,
+        start_method: str = "forkserver",
+        startup_timeout_s: float = 180.0,
+    ) -> None:
+        self.platform = load_platform(platform) if isinstance(platform, str) else platform
+        self._limit = payload_limit(self.platform)
+        self.max_retries, self.retry_backoff_s = max_retries, retry_backoff_s
+        self.admission_timeout_s, self.init_timeout_s = admission_timeout_s, init_timeout_s
+        self.cores = os.cpu_count() or 1
+        store_cfg: dict[str, Any] | None = None
+        if store is not None:
+            store_cfg = {"url": str(store if isinstance(store, str) else store.url)}
+            if store_latency is not None:
+                store_cfg.update(latency_s=store_latency[0],
+                                 bandwidth_bytes_per_s=store_latency[1])
+            if store_wrap is not None:
+                store_cfg.update(wrap=store_wrap[0], wrap_options=store_wrap[1])
+        self._cond = threading.Condition()
+        self._closed = False
+        self._functions: dict[str, _Function] = {}
+        self._records: list[InvocationRecord] = []
+        self._ids = itertools.count(1)
+        self._counters = {"retries": 0, "timeouts": 0, "cold_starts": 0}
+        self._pool = WorkerPool(
+            workers or default_workers(),
+            config={"op": "config", "store": store_cfg, "store_retries": store_retries,
+                    "max_inline_bytes": self._limit},
+            cond=self._cond, on_lost=self._forget_slot, start_method=start_method,
+            startup_timeout_s=startup_timeout_s)
+        self._housekeeper = threading.Thread(target=self._housekeep, daemon=True,
+                                             name="moefleet-local-housekeeper")
+        self._housekeeper.start()
+
+    def _forget_slot(self, slot: int) -> None:
+        # Called under self._cond when a worker dies: its instances (and weights) are gone.
+        for fn in self._functions.values():
+            fn.instances = [i for i in fn.instances if i.slot != slot]
+
+    def _housekeep(self) -> None:
+        while not self._closed:
+            time.sleep(_TICK_S)
+            now = time.monotonic()
+            with self._cond:
+                self._pool.enforce_deadlines(now)
+                for fn in self._functions.values():
+                    for inst in [i for i in fn.instances if i.in_flight == 0
+                                 and now - i.last_used > fn.spec.keep_alive_s]:
+                        self._retire(fn, inst)
+            self._pool.flush_unloads()
+
+    def _worker(self, slot: int) -> Worker | None:
+        w = self._pool.workers[slot]
+        return w if w is not None and w.alive else None
+
+    def _retire(self, fn: _Function, inst: _Instance) -> None:
+        fn.instances.remove(inst)
+        w = self._worker(inst.slot)
+        if w is not None:
+            w.hosted.discard(inst.id)
+            w.pending_unload.append(inst.id)
+
+    # -- FunctionBackend -----------------------------------------------------------------
+    def deploy(self, spec: FunctionSpec) -> FunctionSpec:
+        self._check_open()
+        spec = validate_spec(self.platform, spec)
+        with self._cond:
+            old = self._functions.get(spec.name)
+            if old is not None:  # a new version: old instances finish, then are unloaded
+                for inst in list(old.instances):
+                    self._retire(old, inst)
+            self._functions[spec.name] = _Function(spec)
+            self._cond.notify_all()
+        return spec
+
+    def functions(self) -> dict[str, FunctionSpec]:
+        with self._cond:
+            return {name: fn.spec for name, fn in self._functions.items()}
+
+    def scale(self, name: str, *, replicas: int | None = None,
+              concurrency: int | None = None) -> FunctionSpec:
+        self._check_open()
+        with self._cond:
+            fn = self._function(name)
+            spec = validate_spec(self.platform, replace(
+                fn.spec, replicas=fn.spec.replicas if replicas is None else replicas,
+                concurrency=fn.spec.concurrency if concurrency is None else concurrency))
+            fn.spec = spec
+            surplus = [i for i in fn.instances if i.in_flight == 0]
+            for inst in surplus[: max(0, len(fn.instances) - spec.replicas)]:
+                self._retire(fn, inst)
+            self._cond.notify_all()
+            return spec
+
+    def records(self) -> list[InvocationRecord]:
+        with self._cond:
+            return list(self._records)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters (respawns, retries, timeouts, cold starts) and the pool's memory."""
+        with self._cond:
+            out: dict[str, Any] = {**self._counters, "respawns": self._pool.respawns}
+            workers = self._pool.live()
+            out["instances"] = sum(len(fn.instances) for fn in self._functions.values())
+        out["workers"] = [{"slot": w.slot, "pid": w.pid, "instances": len(w.hosted),
+                           **process_memory_mb(w.pid)} for w in workers]
+        return out
+
+    def worker_pids(self) -> list[int]:
+        with self._cond:
+            return [w.pid for w in self._pool.live()]
+
+    def invoke(self, name: str, payload: bytes, *, request_id: str | None = None) -> InvokeResult:
+        self._check_open()
+        check_payload(name, len(payload), self._limit, "request")
+        for attempt in range(self.max_retries + 1):
+            try:
+                return self._attempt(name, payload, request_id)
+            except _Lost:
+                if attempt == self.max_retries:
+                    break
+                with self._cond:
+                    self._counters["retries"] += 1
+                time.sleep(self.retry_backoff_s * 2 ** attempt)
+        raise FunctionCrashedError(
+            f"{name}: the instance crashed during {self.max_retries + 1} attempts "
+            "(worker process died)",
+            "check the handler for hard crashes (segfault, os._exit, out of memory)",
+        )
+
+    def _function(self, name: str) -> _Function:
+        if name not in self._functions:
+            raise UnknownFunctionError(
+                f"no function named {name!r} is deployed on the local backend",
+                f"deployed: {', '.join(sorted(self._functions)) or 'none'}")
+        return self._functions[name]
+
+    def _admit(self, name: str) -> tuple[_Function, _Instance, bool]:
+        """Pick a warm instance, or cold-start one on an idle worker; wait otherwise."""
+        spec = self._function(name).spec
+        limit = self.admission_timeout_s or spec.timeout_s + 60.0
+        deadline = time.monotonic() + limit
+        while True:
+            if self._closed:
+                raise BackendClosedError("the local backend was torn down", "create a new one")
+            fn = self._function(name)
+            warm = [i for i in fn.instances if i.in_flight < fn.spec.concurrency
+                    and (w := self._worker(i.slot)) is not None
+                    and len(w.outstanding) == i.in_flight]
+            if warm:
+                return fn, min(warm, key=lambda i: (i.in_flight, -i.last_used)), False
+            if len(fn.instances) < fn.spec.replicas:
+                idle = [w for w in self._pool.live() if not w.outstanding]
+                if idle:
+                    w = min(idle, key=lambda w: (len(w.hosted), w.slot))
+                    inst = _Instance(f"{name}#{next(self._ids)}", name, w.slot)
+                    fn.instances.append(inst)
+                    w.hosted.add(inst.id)
+                    return fn, inst, True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ThrottledError(
+                    f"{name}: no instance slot free within {limit:g} s (replicas="
+                    f"{fn.spec.replicas}, concurrency={fn.spec.concurrency})",
+                    "scale the function up or send fewer concurrent requests")
+            self._cond.wait(min(left, 0.5))
+
+    def _attempt(self, name: str, payload: bytes, request_id: str | None) -> InvokeResult:
+        with self._cond:
+            fn, inst, _ = self._admit(name)
+            spec = fn.spec
+            w = self._pool.workers[inst.slot]
+            assert w is not None  # _admit only picks live workers
+            queued = len(w.outstanding)
+            deadline = time.monotonic() + spec.timeout_s * (queued + 1)
+            if not inst.loaded:
+                deadline += self.init_timeout_s
+            call = Call(next(self._ids), deadline, spec.timeout_s)
+            w.outstanding[call.id] = call
+            inst.in_flight += 1
+            header = {"op": "invoke", "call": call.id, "instance": inst.id,
+                      "request_id": request_id,
+                      "threads": max(1, min(self.cores, round(spec.vcpus or 1.0))),
+                      "unload": w.pending_unload}
+            w.pending_unload = []
+            if not inst.loaded:
+                header["load"] = {"function": name, "memory_mb": spec.memory_mb,
+                                  "handler": {"factory": spec.handler.factory,
+                                              "config": spec.handler.config}}
+        try:
+            with w.send_lock:
+                send_msg(w.conn, header, payload)
+        except (OSError, ValueError):
+            pass  # the worker died; its receiver thread marks the call lost
+        finished = call.done.wait(max(0.0, deadline - time.monotonic()) + 10.0)
+        with self._cond:
+            inst.in_flight -= 1
+            inst.last_used = time.monotonic()
+            w.outstanding.pop(call.id, None)
+            self._cond.notify_all()
+            if call.timed_out or not finished:
+                self._counters["timeouts"] += 1
+                raise InvocationTimeoutError(
+                    f"{name}: invocation ran past timeout_s={spec.timeout_s:g} s; "
+                    "its instance was stopped", "raise timeout_s or send less work per call")
+            if call.lost or call.reply is None:
+                raise _Lost()
+            reply = call.reply
+            if not reply["ok"]:
+                if reply["phase"] == "init" and inst in fn.instances:
+                    self._retire(fn, inst)
+                else:
+                    inst.loaded = True
+                raise HandlerError(
+                    f"{name}: {reply['phase']} failed: {reply['type']}: {reply['message']}",
+                    reply.get("hint") or "see the handler's error above",
+                    remote_type=reply["type"], phase=reply["phase"])
+            inst.loaded = True
+        check_payload(name, len(call.body), self._limit, "response")
+        record = InvocationRecord(
+            function=name, kind=spec.kind, memory_mb=spec.memory_mb,
+            start_s=reply["start"], end_s=max(reply["end"], reply["start"]),
+            layer=spec.layer, expert=spec.expert, request_id=request_id, vcpus=spec.vcpus,
+            init_s=reply["init_s"], cold=reply["cold"], bytes_in=len(payload),
+            bytes_out=len(call.body), storage_puts=reply["puts"], storage_gets=reply["gets"])
+        with self._cond:
+            self._records.append(record)
+            self._counters["cold_starts"] += int(record.cold)
+        return InvokeResult(call.body, record)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendClosedError("the local backend was torn down", "create a new one")
+
+    def teardown(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        self._pool.stop()

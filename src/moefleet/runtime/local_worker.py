@@ -1,0 +1,157 @@
+"""The worker process of the ``local`` backend (child side) and its wire protocol.
+
+Protocol, over one duplex ``multiprocessing`` pipe per worker: every message is two frames,
+a JSON header then a raw body (possibly empty), sent with ``send_bytes``. Nothing is
+pickled. Parent → worker headers: ``config`` (environment, sys.path, store), ``invoke``
+(call id, instance id, thread budget, ``load`` = the function to cold-start when the
+instance is new, ``unload`` = instances to drop), ``unload``, ``stop``. Worker → parent:
+``ready`` once, then per ``invoke`` a ``started`` note after a cold start (the handler's
+timeout runs from there) and one reply (``ok``, timings on the ``time.time()`` clock,
+storage request counts, or the error's type/message/hint/phase).
+
+A worker runs one invocation at a time (it is one CPU slot of the emulated node) and may
+host many function instances (their weights stay in its memory until unloaded).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from moefleet.platform import ObjectStore
+
+
+def send_msg(conn: Connection, header: dict[str, Any], body: bytes = b"") -> None:
+    """Two frames; callers serialise concurrent senders themselves."""
+    conn.send_bytes(json.dumps(header).encode())
+    conn.send_bytes(body)
+
+
+def recv_msg(conn: Connection) -> tuple[dict[str, Any], bytes]:
+    header = json.loads(conn.recv_bytes())
+    return header, conn.recv_bytes()
+
+
+@dataclass
+class _Instance:
+    handler: Any
+    function: str
+    threads: int
+
+
+class _Worker:
+    def __init__(self, conn: Connection, config: dict[str, Any]) -> None:
+        self.conn = conn
+        self.store_config: dict[str, Any] | None = config.get("store")
+        self.retries = int(config.get("store_retries", 3))
+        self.max_inline = int(config["max_inline_bytes"])
+        self.instances: dict[str, _Instance] = {}
+        self._store: ObjectStore | None = None
+
+    def base_store(self) -> ObjectStore | None:
+        # One client per process, like a boto3 client reused across a container's calls.
+        if self._store is None and self.store_config is not None:
+            from moefleet.runtime.stores import build_store
+
+            self._store = build_store(self.store_config)
+        return self._store
+
+    def caller_store(self) -> tuple[ObjectStore | None, Any]:
+        """A per-caller (counting, retrying) view of the store, and its counter."""
+        from moefleet.runtime.stores import CountingStore, RetryingStore
+
+        base = self.base_store()
+        if base is None:
+            return None, None
+        counter = CountingStore(base)
+        return RetryingStore(counter, attempts=self.retries), counter
+
+    def unload(self, ids: list[str]) -> None:
+        if any(self.instances.pop(i, None) is not None for i in ids):
+            gc.collect()  # drop the weights now, not at some later allocation
+
+    def invoke(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
+        import torch
+
+        from moefleet.runtime.base import HandlerRef
+        from moefleet.runtime.handlers import CallContext, InitContext, make_handler
+
+        reply: dict[str, Any] = {"call": header["call"], "cold": False, "init_s": 0.0,
+                                 "puts": 0, "gets": 0}
+        iid = header["instance"]
+        phase = "init"
+        try:
+            if iid not in self.instances:
+                load = header.get("load")
+                if load is None:
+                    raise RuntimeError(f"instance {iid} is not loaded on this worker")
+                t0 = time.time()
+                torch.set_num_threads(int(header["threads"]))
+                store, counter = self.caller_store()
+                init = InitContext(load["function"], int(load["memory_mb"]),
+                                   int(header["threads"]), store)
+                handler = make_handler(HandlerRef(**load["handler"]), init)
+                self.instances[iid] = _Instance(handler, load["function"], int(header["threads"]))
+                reply.update(cold=True, init_s=time.time() - t0)
+                if counter is not None:
+                    st = counter.stats()
+                    reply.update(puts=st.puts + st.lists, gets=st.gets)
+                # The handler's timeout starts now, not when the cold start began.
+                send_msg(self.conn, {"op": "started", "call": header["call"]})
+            phase = "run"
+            inst = self.instances[iid]
+            torch.set_num_threads(inst.threads)
+            store, counter = self.caller_store()
+            ctx = CallContext(inst.function, header.get("request_id"), store, self.max_inline)
+            reply["start"] = time.time()
+            out = inst.handler(body, ctx)
+            reply["end"] = time.time()
+            if counter is not None:
+                st = counter.stats()
+                reply["puts"] += st.puts + st.lists
+                reply["gets"] += st.gets
+            reply["ok"] = True
+            return reply, bytes(out)
+        except Exception as err:  # reported to the caller, never kills the worker
+            reply.update(ok=False, phase=phase, type=type(err).__name__,
+                         message=getattr(err, "message", None) or str(err) or repr(err),
+                         hint=getattr(err, "hint", ""))
+            return reply, b""
+
+
+def worker_main(conn: Connection, slot: int) -> None:
+    """Entry point of a worker process (started by ``LocalBackend``)."""
+    # Ctrl-C goes to the parent, which stops workers by pid; a worker never dies of it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        header, _ = recv_msg(conn)
+    except (EOFError, OSError):
+        return
+    os.environ.update(header.get("env", {}))
+    for path in reversed(header.get("sys_path", [])):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    worker = _Worker(conn, header)
+    send_msg(conn, {"op": "ready", "pid": os.getpid(), "slot": slot})
+    while True:
+        try:
+            header, body = recv_msg(conn)
+        except (EOFError, OSError):
+            return  # the parent went away: nothing left to serve
+        worker.unload(header.get("unload", []))
+        op = header.get("op")
+        if op == "stop":
+            return
+        if op == "invoke":
+            reply, out = worker.invoke(header, body)
+            try:
+                send_msg(conn, reply, out)
+            except (EOFError, OSError):
+                return

@@ -1,0 +1,215 @@
+"""Object-store wrappers the runtime stacks around a real store.
+
+    handler/executor -> RetryingStore -> CountingStore -> [LatencyStore] -> [FaultyStore] -> store
+
+- :class:`CountingStore` counts one caller's requests (a function instance's invocation),
+  so its PUT/GET counts go into that invocation's record (every attempt is a request);
+- :class:`RetryingStore` retries transient ``StorageError`` (never a missing key) with
+  exponential backoff, a bounded number of times, then re-raises naming the key;
+- :class:`LatencyStore` emulates a remote store on one machine: each request sleeps
+  ``access_latency_s + bytes / bandwidth`` (the platform's storage numbers);
+- :class:`FaultyStore` injects failures (fault tests; usable by any backend).
+
+:func:`build_store` makes the stack from a JSON-able config, so worker processes (or remote
+functions) can rebuild the same store from its URL.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from moefleet.errors import MoefleetError
+from moefleet.platform import ObjectNotFoundError, ObjectStore, StorageError, open_store
+
+
+class _Wrapper(ObjectStore):
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__()
+        self.inner = inner
+        self.url = inner.url
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(key, data)
+
+    def get(self, key: str) -> bytes:
+        return self.inner.get(key)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def list(self, prefix: str = "") -> builtins.list[str]:
+        return self.inner.list(prefix)
+
+
+class CountingStore(_Wrapper):
+    """Counts requests made through this wrapper only (``stats()``), failed ones too."""
+
+    def put(self, key: str, data: bytes) -> None:
+        self._count(puts=1, bytes_written=len(data))
+        self.inner.put(key, data)
+
+    def get(self, key: str) -> bytes:
+        self._count(gets=1)
+        data = self.inner.get(key)
+        self._count(bytes_read=len(data))
+        return data
+
+    def exists(self, key: str) -> bool:
+        self._count(gets=1)
+        return self.inner.exists(key)
+
+    def delete(self, key: str) -> None:
+        self._count(deletes=1)
+        self.inner.delete(key)
+
+    def list(self, prefix: str = "") -> builtins.list[str]:
+        self._count(lists=1)
+        return self.inner.list(prefix)
+
+
+class RetryingStore(_Wrapper):
+    """Retries transient failures: ``attempts`` tries in all, sleeping ``backoff_s``,
+    2x, 4x ... between them. ``ObjectNotFoundError`` is final (retrying cannot help)."""
+
+    def __init__(self, inner: ObjectStore, attempts: int = 3, backoff_s: float = 0.02) -> None:
+        super().__init__(inner)
+        if attempts < 1:
+            raise StorageError(f"attempts must be >= 1, got {attempts}")
+        self.attempts = attempts
+        self.backoff_s = backoff_s
+
+    def _retry(self, what: str, key: str, fn: Callable[[], Any]) -> Any:
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return fn()
+            except ObjectNotFoundError:
+                raise
+            except StorageError as err:
+                if attempt == self.attempts:
+                    raise StorageError(
+                        f"{what} {key!r} failed {attempt} times on {self.url}: {err.message}",
+                        err.hint or "check the object store (space, permissions, network)",
+                    ) from err
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")
+
+    def put(self, key: str, data: bytes) -> None:
+        self._retry("PUT", key, lambda: self.inner.put(key, data))
+
+    def get(self, key: str) -> bytes:
+        data: bytes = self._retry("GET", key, lambda: self.inner.get(key))
+        return data
+
+    def exists(self, key: str) -> bool:
+        found: bool = self._retry("HEAD", key, lambda: self.inner.exists(key))
+        return found
+
+    def list(self, prefix: str = "") -> builtins.list[str]:
+        keys: builtins.list[str] = self._retry("LIST", prefix, lambda: self.inner.list(prefix))
+        return keys
+
+
+class LatencyStore(_Wrapper):
+    """Each request sleeps ``latency_s`` plus its bytes over ``bandwidth_bytes_per_s``
+    (emulates S3 from a function on one machine; sleeping releases the GIL, so overlapped
+    transfers in threads really overlap)."""
+
+    def __init__(self, inner: ObjectStore, latency_s: float, bandwidth_bytes_per_s: float):
+        super().__init__(inner)
+        if latency_s < 0 or bandwidth_bytes_per_s <= 0:
+            raise StorageError(
+                f"latency_s must be >= 0 and bandwidth > 0, got {latency_s}, "
+                f"{bandwidth_bytes_per_s}"
+            )
+        self.latency_s = latency_s
+        self.bandwidth = bandwidth_bytes_per_s
+
+    def _wait(self, nbytes: int) -> None:
+        time.sleep(self.latency_s + nbytes / self.bandwidth)
+
+    def put(self, key: str, data: bytes) -> None:
+        self._wait(len(data))
+        self.inner.put(key, data)
+
+    def get(self, key: str) -> bytes:
+        data = self.inner.get(key)
+        self._wait(len(data))
+        return data
+
+    def exists(self, key: str) -> bool:
+        self._wait(0)
+        return self.inner.exists(key)
+
+
+class FaultyStore(_Wrapper):
+    """Fails requests whose operation is in ``ops`` and whose key contains ``match``:
+    the first ``fail_first`` of them (per process), or all when ``fail_first < 0``."""
+
+    def __init__(
+        self, inner: ObjectStore, ops: tuple[str, ...] = ("get",), match: str = "",
+        fail_first: int = 1,
+    ) -> None:
+        super().__init__(inner)
+        self.ops, self.match, self.fail_first = set(ops), match, fail_first
+        self.failures = 0
+        self._lock = threading.Lock()
+
+    def _maybe_fail(self, op: str, key: str) -> None:
+        if op not in self.ops or self.match not in key:
+            return
+        with self._lock:
+            if 0 <= self.fail_first <= self.failures:
+                return
+            self.failures += 1
+        raise StorageError(f"injected {op.upper()} failure on {key!r}", "fault injection")
+
+    def put(self, key: str, data: bytes) -> None:
+        self._maybe_fail("put", key)
+        self.inner.put(key, data)
+
+    def get(self, key: str) -> bytes:
+        self._maybe_fail("get", key)
+        return self.inner.get(key)
+
+
+def faulty(inner: ObjectStore, **options: Any) -> ObjectStore:
+    """Store-wrapper factory for ``build_store``'s ``wrap`` hook (fault tests)."""
+    return FaultyStore(
+        inner,
+        ops=tuple(options.get("ops", ("get",))),
+        match=str(options.get("match", "")),
+        fail_first=int(options.get("fail_first", 1)),
+    )
+
+
+def import_callable(ref: str, error: type[MoefleetError] = StorageError) -> Callable[..., Any]:
+    """``"package.module:attr"`` → the attribute; failures raise ``error`` naming ``ref``."""
+    module, _, attr = ref.partition(":")
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise error(f"cannot import {ref!r}: {err}", "check the module:callable path") from None
+    if not callable(obj):
+        raise error(f"{ref!r} is not callable", "name a function or class")
+    return obj
+
+
+def build_store(config: dict[str, Any]) -> ObjectStore:
+    """The raw store a function instance talks to, from a JSON-able config:
+    ``{"url": ..., "latency_s": .., "bandwidth_bytes_per_s": .., "wrap": "mod:fn",
+    "wrap_options": {...}}``. Counting and retrying are added per caller."""
+    store: ObjectStore = open_store(config["url"])
+    if config.get("wrap"):
+        store = import_callable(config["wrap"])(store, **config.get("wrap_options", {}))
+    if config.get("latency_s") is not None:
+        store = LatencyStore(store, float(config["latency_s"]),
+                             float(config["bandwidth_bytes_per_s"]))
+    return store

@@ -1,0 +1,254 @@
+"""Contract suite for ``FunctionBackend``: every backend must pass it unchanged.
+
+To add a backend, add a factory to ``FACTORIES``: ``factory(platform, store_dir, **options)
+-> FunctionBackend`` (options: ``max_retries``). Handlers used here are the package's own
+``debug_handler``, so a remote backend (ray, aws) can import them too. Every test bounds
+its waits; backends are torn down by the fixtures.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from moefleet.errors import MoefleetError
+from moefleet.platform import Meter, PlatformSpec, load_platform
+from moefleet.runtime import (
+    BackendClosedError,
+    FunctionBackend,
+    FunctionCrashedError,
+    FunctionSpec,
+    HandlerError,
+    HandlerRef,
+    InvalidFunctionSpecError,
+    InvocationTimeoutError,
+    PayloadTooLargeError,
+    UnknownFunctionError,
+)
+from moefleet.runtime.payload import pack, unpack
+
+pytestmark = pytest.mark.timeout(120)
+
+Factory = Callable[..., FunctionBackend]
+
+
+def _local(platform: PlatformSpec, store_dir: Path, **options: Any) -> FunctionBackend:
+    from moefleet.runtime.local import LocalBackend
+
+    return LocalBackend(platform, store=str(store_dir), workers=2, retry_backoff_s=0.01,
+                        **options)
+
+
+FACTORIES: dict[str, Factory] = {"local": _local}
+DEBUG = HandlerRef("moefleet.runtime.handlers:debug_handler")
+
+
+@pytest.fixture(scope="module", params=sorted(FACTORIES))
+def factory(request: pytest.FixtureRequest) -> Factory:
+    return FACTORIES[request.param]
+
+
+@pytest.fixture(scope="module")
+def platform() -> PlatformSpec:
+    return load_platform("aws-lambda")
+
+
+@pytest.fixture(scope="module")
+def backend(factory: Factory, platform: PlatformSpec,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[FunctionBackend]:
+    b = factory(platform, tmp_path_factory.mktemp("store"))
+    try:
+        yield b
+    finally:
+        b.teardown()
+
+
+def fn(backend: FunctionBackend, **kw: Any) -> str:
+    """Deploy a debug function with a fresh name; returns the name."""
+    name = f"dbg-{uuid.uuid4().hex[:8]}"
+    backend.deploy(FunctionSpec(name=name, kind=kw.pop("kind", "aux"),
+                                handler=kw.pop("handler", DEBUG),
+                                memory_mb=kw.pop("memory_mb", 256), **kw))
+    return name
+
+
+def call(backend: FunctionBackend, name: str, **meta: Any):
+    return backend.invoke(name, pack(meta=meta))
+
+
+def test_deploy_validates_and_fills_vcpus(backend: FunctionBackend, platform: PlatformSpec):
+    name = fn(backend, memory_mb=1769)
+    spec = backend.spec(name)
+    assert spec.vcpus == pytest.approx(platform.vcpus(1769))
+    assert name in backend.functions()
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("memory_mb", 100, "100 MB"),
+    ("replicas", 5000, "replicas=5000"),
+    ("concurrency", 2, "concurrency=2"),
+    ("timeout_s", 1000.0, "timeout_s=1000"),
+])
+def test_deploy_rejects_what_the_platform_cannot_run(
+        backend: FunctionBackend, field: str, value: Any, needle: str) -> None:
+    kw: dict[str, Any] = {"memory_mb": 256, field: value}
+    with pytest.raises(InvalidFunctionSpecError, match=needle) as info:
+        backend.deploy(FunctionSpec("bad-fn", "aux", DEBUG, **kw))
+    assert "bad-fn" in info.value.message and info.value.hint
+
+
+def test_cold_then_warm_records(backend: FunctionBackend, platform: PlatformSpec) -> None:
+    name = fn(backend, memory_mb=512, layer=3, experts=(5,), kind="expert")
+    payload = pack(meta={"op": "echo"})
+    first = backend.invoke(name, payload, request_id="r1")
+    second = backend.invoke(name, payload)
+    assert first.payload == payload and second.payload == payload
+    a, b = first.record, second.record
+    assert a.cold and a.init_s >= 0 and not b.cold and b.init_s == 0
+    assert (a.function, a.kind, a.memory_mb, a.layer, a.expert) == (name, "expert", 512, 3, 5)
+    assert a.request_id == "r1" and b.request_id is None
+    assert a.bytes_in == len(payload) and a.bytes_out == len(payload)
+    assert a.end_s >= a.start_s and b.start_s >= a.end_s
+    mine = [r for r in backend.records() if r.function == name]
+    assert mine == [a, b]
+    bill = Meter(platform, mine).bill()
+    assert bill.invocations == 2 and bill.cold_starts == 1 and bill.total.total > 0
+
+
+def test_unknown_function(backend: FunctionBackend) -> None:
+    with pytest.raises(UnknownFunctionError, match="nope"):
+        backend.invoke("nope", pack())
+    with pytest.raises(MoefleetError):
+        backend.scale("nope", replicas=2)
+
+
+def test_payload_limit_both_ways(backend: FunctionBackend, platform: PlatformSpec) -> None:
+    assert platform.limits is not None
+    limit = platform.limits.sync_payload_bytes
+    name = fn(backend)
+    before = len(backend.records())
+    with pytest.raises(PayloadTooLargeError, match="request payload"):
+        backend.invoke(name, b"x" * (limit + 1))
+    with pytest.raises(PayloadTooLargeError, match="response payload"):
+        call(backend, name, op="big", nbytes=limit + 1)
+    assert len(backend.records()) == before  # nothing billed as a success
+
+
+def _overlap(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    live = peak = 0
+    for _, step in events:
+        live += step
+        peak = max(peak, live)
+    return peak
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_concurrency_limit_respected(backend: FunctionBackend, replicas: int) -> None:
+    name = fn(backend, replicas=replicas)
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            call(backend, name, op="sleep", seconds=0.15)
+        except BaseException as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors
+    recs = [r for r in backend.records() if r.function == name]
+    assert len(recs) == 4
+    assert _overlap([(r.start_s, r.end_s) for r in recs]) <= replicas
+    assert sum(r.cold for r in recs) <= replicas
+
+
+def test_scale(backend: FunctionBackend) -> None:
+    name = fn(backend)
+    assert backend.scale(name, replicas=3).replicas == 3
+    assert backend.spec(name).replicas == 3
+    with pytest.raises(InvalidFunctionSpecError):
+        backend.scale(name, replicas=0)
+    assert backend.spec(name).replicas == 3
+
+
+def test_storage_requests_are_counted(backend: FunctionBackend) -> None:
+    name = fn(backend)
+    rec = call(backend, name, op="store", puts=2).record
+    assert (rec.storage_puts, rec.storage_gets) == (2, 2)
+
+
+def test_crash_is_retried_once_then_succeeds(backend: FunctionBackend, tmp_path: Path) -> None:
+    name = fn(backend)
+    res = call(backend, name, op="crash_once", flag=str(tmp_path / "flag"))
+    assert unpack(res.payload).meta["op"] == "crash_once"
+    assert (tmp_path / "flag").exists()
+    assert [r.function for r in backend.records()].count(name) == 1
+
+
+def test_crash_every_time_gives_a_clear_error(backend: FunctionBackend) -> None:
+    name = fn(backend)
+    with pytest.raises(FunctionCrashedError, match=name):
+        call(backend, name, op="crash")
+    assert call(backend, fn(backend), op="pid").record  # the backend still works
+
+
+def test_timeout(backend: FunctionBackend) -> None:
+    name = fn(backend, timeout_s=0.3)
+    with pytest.raises(InvocationTimeoutError, match=f"{name}.*timeout_s=0.3"):
+        call(backend, name, op="sleep", seconds=20)
+    assert call(backend, name, op="pid").record.cold  # its instance was stopped
+
+
+def test_handler_errors_are_not_retried(backend: FunctionBackend) -> None:
+    name = fn(backend)
+    with pytest.raises(HandlerError, match="asked to fail") as info:
+        call(backend, name, op="fail")
+    assert info.value.remote_type == "ValueError" and info.value.phase == "run"
+    broken = fn(backend, handler=HandlerRef(DEBUG.factory, {"init_fail": True}))
+    with pytest.raises(HandlerError, match="init_fail") as info:
+        call(backend, broken, op="pid")
+    assert info.value.phase == "init"
+    missing = fn(backend, handler=HandlerRef("moefleet.nowhere:handler"))
+    with pytest.raises(HandlerError, match=r"cannot import 'moefleet\.nowhere:handler'"):
+        call(backend, missing, op="pid")
+
+
+def test_keep_alive_expiry_means_cold_again(backend: FunctionBackend) -> None:
+    import time
+
+    name = fn(backend, keep_alive_s=0.2)
+    assert call(backend, name, op="pid").record.cold
+    time.sleep(0.6)
+    assert call(backend, name, op="pid").record.cold
+
+
+def test_redeploy_is_a_new_version(backend: FunctionBackend) -> None:
+    name = fn(backend)
+    call(backend, name, op="pid")
+    backend.deploy(FunctionSpec(name, "aux", DEBUG, memory_mb=512))
+    rec = call(backend, name, op="pid").record
+    assert rec.cold and rec.memory_mb == 512
+
+
+def test_teardown_is_idempotent_and_final(factory: Factory, platform: PlatformSpec,
+                                          tmp_path: Path) -> None:
+    b = factory(platform, tmp_path)
+    try:
+        name = fn(b)
+        call(b, name, op="pid")
+    finally:
+        b.teardown()
+    b.teardown()
+    with pytest.raises(BackendClosedError):
+        call(b, name, op="pid")
+    with pytest.raises(BackendClosedError):
+        b.deploy(FunctionSpec("late", "aux", DEBUG, memory_mb=256))
