@@ -70,3 +70,26 @@ def test_unknown_name_is_rejected_without_the_hub() -> None:
 def test_missing_path() -> None:
     with pytest.raises(DataError, match="not a directory"):
         load_adapter("./no/such/dir")
+
+
+def test_corrupted_zoo_entry_is_detected_and_rebuilt() -> None:
+    from moefleet.models import zoo
+
+    name = "tiny-olmoe-random"
+    zoo.build(name)
+    assert zoo.verify(name) == []
+    weights = zoo.model_dir(name) / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[: len(good) // 2])  # a disk error / truncated copy
+    assert zoo.verify(name) == ["model.safetensors"]
+    adapter = zoo.load(name)
+    assert zoo.verify(name) == []
+    assert weights.read_bytes() == good  # deterministic rebuild
+    assert adapter.family == "olmoe"
+
+
+def test_unknown_zoo_entry_to_build() -> None:
+    from moefleet.models import zoo
+
+    with pytest.raises(UnknownNameError, match="unknown zoo model"):
+        zoo.build("no-such-entry")

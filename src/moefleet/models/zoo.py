@@ -6,7 +6,9 @@ Built models live in ``<cache>/models/<name>-<hash>`` where the hash covers the 
 and the entry's ``code_version``, so changing either rebuilds instead of reusing stale
 weights. A build writes into a temporary directory and renames it into place, so an
 interrupted build never leaves a half-written model behind. ``build.json`` inside the
-directory holds the build report (fidelity, timings ...).
+directory holds the build report (fidelity, timings ...) and a manifest of every file's
+sha256; loading verifies the manifest and rebuilds an entry whose files were corrupted
+or removed since the build.
 
 Override the cache location with ``$MOEFLEET_CACHE_DIR``.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -47,6 +50,23 @@ class ZooEntry:
 
 
 _ENTRIES: dict[str, ZooEntry] = {}
+_log = logging.getLogger(__name__)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _manifest(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): _sha256(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != "build.json"
+    }
 
 
 def register(entry: ZooEntry) -> None:
@@ -99,6 +119,7 @@ def build(name: str, *, force: bool = False, progress: ProgressFn | None = None)
     try:
         report = entry.build(tmp, dict(entry.recipe), progress)
         report = {"name": entry.name, "key": entry.key(), "recipe": entry.recipe, **report}
+        report["manifest"] = _manifest(tmp)
         write_json_atomic(tmp / "build.json", report)
         if target.exists():
             shutil.rmtree(target)
@@ -114,6 +135,20 @@ def build_report(name: str) -> dict[str, Any] | None:
     return json.loads(f.read_text()) if f.is_file() else None
 
 
+def verify(name: str) -> list[str]:
+    """Files of a built entry that are missing or differ from the build's manifest."""
+    report = build_report(name) or {}
+    manifest: dict[str, str] = report.get("manifest", {})
+    root = model_dir(name)
+    return [rel for rel, digest in manifest.items()
+            if not (root / rel).is_file() or _sha256(root / rel) != digest]
+
+
 def load(name: str, *, progress: ProgressFn | None = None) -> MoEModelAdapter:
     entry = get_entry(name)
+    if is_built(name):
+        bad = verify(name)
+        if bad:
+            _log.warning("zoo entry %s is corrupted (%s); rebuilding", name, ", ".join(bad))
+            build(name, force=True, progress=progress)
     return entry.load(build(name, progress=progress), entry.name)
