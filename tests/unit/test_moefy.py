@@ -28,7 +28,7 @@ from moefleet.models.moefy import (
     wikitext2_lines,
 )
 from moefleet.models.moefy import source as moefy_source
-from moefleet.models.moefy.convert import sample_lines, tokenize
+from moefleet.models.moefy.source import sample_lines, tokenize
 
 QUICK = ConvertOptions(
     num_experts=4, top_k=2, calib_lines=24, max_length=48, cluster_tokens=512,
@@ -171,6 +171,10 @@ def test_bad_split_and_bad_k_are_user_errors() -> None:
         BertMoEConfig(num_experts=4, top_k=5)
     with pytest.raises(MoefleetError, match="top_k=0"):
         _tiny_model().set_top_k(0)
+    with pytest.raises(MoefleetError, match="do not split"):
+        ConvertOptions(num_experts=5).validate(1536)
+    with pytest.raises(MoefleetError, match="calib_lines=0"):
+        ConvertOptions(calib_lines=0).validate(1536)
 
 
 def test_missing_minilm_package_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -238,7 +242,8 @@ def test_quick_conversion_fidelity_bounds(quick: BertMoEModel, dense: tuple[Any,
 def test_conversion_is_deterministic(dense: tuple[Any, Any]) -> None:
     opts = ConvertOptions(num_experts=8, calib_lines=4, max_length=16, cluster_tokens=64,
                           kmeans_iters=3, gate_steps=5, refit=True, refit_tokens=64,
-                          distill_steps=3, distill_batch=32, seed=5)
+                          distill_steps=3, distill_batch=32, e2e_steps=2, e2e_batch=2,
+                          seed=5)
     texts = sample_lines(wikitext2_lines("train"), 4, 5)
     a, _ = convert_bert(dense[0], dense[1], texts, opts)
     b, _ = convert_bert(dense[0], dense[1], texts, opts)

@@ -61,6 +61,17 @@ def test_unseen_tokens_back_off_to_the_layer_marginal(tiny: Trace) -> None:
         np.testing.assert_allclose(post[0], [MARG, MARG])
 
 
+def test_position_backoff_for_unseen_tokens(tiny: Trace) -> None:
+    pred = BayesPredictor(backoff="position", backoff_smoothing=2.0).fit(tiny)
+    post = pred.posterior([9, 9, 9], positions=[0, 1, 7])[0]
+    # Position 0 saw e0 twice: (2 * (1, 0, 0) + 2 * marg) / 4; position 1 saw e2 twice.
+    np.testing.assert_allclose(post[0], (np.array([2, 0, 0]) + 2 * MARG) / 4)
+    np.testing.assert_allclose(post[1], (np.array([0, 0, 2]) + 2 * MARG) / 4)
+    np.testing.assert_allclose(post[2], MARG)  # position never profiled
+    # Seen tokens are unaffected when lam_tok = 0.
+    np.testing.assert_allclose(pred.posterior([5])[0, 0], [0.75, 0.25, 0.0])
+
+
 def test_expected_and_map_counts(tiny: Trace) -> None:
     pred = BayesPredictor(smoothing=1.0).fit(tiny)
     np.testing.assert_allclose(pred.predict_counts([[5, 9]])[0], [1.0625, 0.4375, 0.5])

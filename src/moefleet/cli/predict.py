@@ -134,8 +134,9 @@ def eval_cmd(
         "--test", help="Test source(s), like --train; repeat or comma-separate.")],
     model: ModelOpt = None,
     predictors: Annotated[str, typer.Option(
-        help="Comma-separated: bayes, bayes-pos, bayes-map, lina, dop, ef, sps, bf, vared."
-    )] = "bayes,bayes-pos,lina,dop,ef,sps,bf",
+        help="Comma-separated: bayes, bayes-pos, bayes-flat, bayes-pos-flat, bayes-auto, "
+        "bayes-map, bayes-pos-map, lina, dop, ef, sps, bf, vared."
+    )] = "bayes,bayes-pos,bayes-pos-flat,lina,dop,ef,sps,bf",
     max_tokens: MaxTokensOpt = 65536,
     test_tokens: Annotated[int, typer.Option(help="Tokens to profile per --test.")] = 10240,
     batch_tokens: Annotated[int, typer.Option(help="Tokens per scored batch.")] = 10240,

@@ -82,8 +82,22 @@ class RandomEmbedding:
 
 
 def adapter_embedding(adapter: Any) -> MatrixEmbedding:
-    """The input-embedding matrix of a :class:`~moefleet.models.MoEModelAdapter`."""
-    emb = adapter.model.get_input_embeddings()
+    """The input-embedding matrix of a :class:`~moefleet.models.MoEModelAdapter`.
+
+    Hugging Face models expose it as ``get_input_embeddings()``; for other modules we take
+    the first ``nn.Embedding`` with one row per vocabulary id (position and token-type
+    tables are smaller, so they never match).
+    """
+    from torch import nn
+
+    model = adapter.model
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if emb is None:
+        emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)
+                    and m.num_embeddings == adapter.vocab_size), None)
+    if emb is None:
+        raise DataError(f"model {adapter.name!r} has no input-embedding table to use",
+                        "use --embed minilm or --embed random")
     return MatrixEmbedding(emb.weight.detach().float().cpu().numpy(), f"adapter:{adapter.name}")
 
 

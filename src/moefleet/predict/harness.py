@@ -60,14 +60,20 @@ def _need_embed(ctx: PredictorContext, name: str) -> EmbeddingSource:
 
 # name -> (description, factory)
 PREDICTORS: dict[str, tuple[str, Callable[[PredictorContext], ExpertPredictor]]] = {
-    "bayes": ("Bayesian token features, P'(f3)-weighted, expected counts",
+    "bayes": ("Bayesian token features (ODS/BO eq. 1: P'(f3)-weighted), expected counts",
               lambda c: BayesPredictor()),
     "bayes-pos": ("bayes conditioned on the known position, back-off to bayes",
                   lambda c: BayesPredictor(mode="position")),
+    "bayes-flat": ("bayes without the P'(f3) weighting (token-id statistics, expected)",
+                   lambda c: BayesPredictor(attention_weighting=False)),
+    "bayes-pos-flat": ("bayes-pos without the P'(f3) weighting",
+                       lambda c: BayesPredictor(mode="position", attention_weighting=False)),
     "bayes-auto": ("bayes with token or position mode chosen per layer on held-out data",
                    lambda c: BayesPredictor(mode="auto")),
     "bayes-map": ("bayes, counts of each token's MAP top-K (ODS/BO eq. 2)",
                   lambda c: BayesPredictor(counts="map")),
+    "bayes-pos-map": ("bayes-pos, counts of each token's MAP top-K",
+                      lambda c: BayesPredictor(mode="position", counts="map")),
     "lina": ("token-id-only MAP top-K, back-off to layer popularity",
              lambda c: LinaPredictor()),
     "dop": ("historical per-layer distribution", lambda c: DOPPredictor()),

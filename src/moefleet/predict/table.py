@@ -36,6 +36,7 @@ MAX_ATTENTION = (1 << ATT_BITS) - 3  # stored as attention + 1; -1 means "not re
 TOKEN_SHIFT = POS_BITS + ATT_BITS  # context >> TOKEN_SHIFT == (layer, token)
 POS_SHIFT = ATT_BITS  # context >> POS_SHIFT == (layer, token, position)
 LAYER_SHIFT = TOKEN_BITS + POS_BITS + ATT_BITS
+POS_MASK = (1 << POS_BITS) - 1
 
 
 class TableKey(NamedTuple):

@@ -3,7 +3,9 @@
 Public API:
     BertMoEModel, BertMoEConfig, BertExpert   the converted model (model.py)
     BertMoEAdapter, load_bert_moe             its MoEModelAdapter (adapter.py)
-    ConvertOptions, convert_bert, fidelity    the conversion (convert.py)
+    ConvertOptions                            every knob of a conversion (options.py)
+    convert_bert                              the conversion (convert.py, finetune.py)
+    fidelity, sentence_embeddings             its quality measure (evaluate.py)
     minilm_dir, load_dense, wikitext2_lines   its inputs (source.py)
     balanced_kmeans                           equal-size neuron clustering (cluster.py)
 
@@ -17,8 +19,10 @@ from __future__ import annotations
 from moefleet.models.base import MoEModelAdapter
 from moefleet.models.moefy.adapter import BertMoEAdapter, load_bert_moe
 from moefleet.models.moefy.cluster import balanced_kmeans
-from moefleet.models.moefy.convert import ConvertOptions, convert_bert, fidelity
+from moefleet.models.moefy.convert import convert_bert
+from moefleet.models.moefy.evaluate import fidelity, sentence_embeddings
 from moefleet.models.moefy.model import ARCHITECTURE, BertExpert, BertMoEConfig, BertMoEModel
+from moefleet.models.moefy.options import ConvertOptions
 from moefleet.models.moefy.source import load_dense, minilm_dir, wikitext2_lines
 from moefleet.models.registry import register_architecture
 
@@ -42,5 +46,6 @@ __all__ = [
     "load_bert_moe",
     "load_dense",
     "minilm_dir",
+    "sentence_embeddings",
     "wikitext2_lines",
 ]

@@ -47,8 +47,15 @@ def build_minilm_moe(
     """Convert MiniLM-L6 per ``recipe`` into ``out``; returns the build report."""
     import torch
 
-    from moefleet.models.moefy.convert import ConvertOptions, convert_bert, fidelity, sample_lines
-    from moefleet.models.moefy.source import MINILM_HUB_ID, load_dense, wikitext2_lines
+    from moefleet.models.moefy.convert import convert_bert
+    from moefleet.models.moefy.evaluate import fidelity
+    from moefleet.models.moefy.options import ConvertOptions
+    from moefleet.models.moefy.source import (
+        MINILM_HUB_ID,
+        load_dense,
+        sample_lines,
+        wikitext2_lines,
+    )
 
     start = time.perf_counter()
     opts = ConvertOptions(**{k: v for k, v in recipe.items() if k not in _NOT_OPTIONS})

@@ -139,3 +139,17 @@ def _wikitext2_fallback(split: str) -> list[str]:
     if split == "all":
         return lines
     raise DataError(f"unknown wikitext2 split {split!r}", "use train, test or all")
+
+
+def tokenize(tokenizer: Any, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
+    enc = tokenizer(
+        texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+    )
+    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+
+def sample_lines(lines: list[str], n: int, seed: int) -> list[str]:
+    """``n`` lines drawn without replacement (seeded), kept in file order."""
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randperm(len(lines), generator=gen)[: min(n, len(lines))]
+    return [lines[i] for i in sorted(idx.tolist())]
