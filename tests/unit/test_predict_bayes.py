@@ -43,10 +43,23 @@ def tiny() -> Trace:
     )
 
 
+def test_rare_backoff_uses_the_routing_of_rare_tokens(tiny: Trace) -> None:
+    # Token 7 was seen twice (both at e2), token 5 three times.
+    rare2 = BayesPredictor(backoff="rare", rare_max=2).fit(tiny)
+    np.testing.assert_allclose(rare2.posterior([9])[0, 0], [0.0, 0.0, 1.0])
+    rare3 = BayesPredictor(backoff="rare", rare_max=3).fit(tiny)  # both tokens are "rare"
+    np.testing.assert_allclose(rare3.posterior([9])[0, 0], MARG)
+    none = BayesPredictor(backoff="rare", rare_max=1).fit(tiny)  # no rare token: marginal
+    np.testing.assert_allclose(none.posterior([9])[0, 0], MARG)
+    # Shrinkage of a seen token goes toward that prior: (3 q + 1 * (0, 0, 1)) / 4.
+    shrunk = BayesPredictor(backoff="rare", smoothing=1.0).fit(tiny)
+    np.testing.assert_allclose(shrunk.posterior([5])[0, 0], [0.5625, 0.1875, 0.25])
+
+
 def test_posterior_matches_hand_computation(tiny: Trace) -> None:
     sharp = BayesPredictor(smoothing=0.0).fit(tiny)
     np.testing.assert_allclose(sharp.posterior([5])[0, 0], [0.75, 0.25, 0.0])
-    smooth = BayesPredictor(smoothing=1.0).fit(tiny)
+    smooth = BayesPredictor(smoothing=1.0, backoff="layer").fit(tiny)
     # (3 * q + 1 * marg) / 4
     np.testing.assert_allclose(smooth.posterior([5])[0, 0], [0.6625, 0.2375, 0.1])
     # Without the P'(f3) weighting the raw counts decide: (2/3, 1/3, 0).
@@ -56,7 +69,7 @@ def test_posterior_matches_hand_computation(tiny: Trace) -> None:
 
 def test_unseen_tokens_back_off_to_the_layer_marginal(tiny: Trace) -> None:
     for lam in (0.0, 1.0, 10.0):
-        pred = BayesPredictor(smoothing=lam).fit(tiny)
+        pred = BayesPredictor(smoothing=lam, backoff="layer").fit(tiny)
         post = pred.posterior([9, 2**21])  # unseen, and beyond the table's token field
         np.testing.assert_allclose(post[0], [MARG, MARG])
 
@@ -73,16 +86,17 @@ def test_position_backoff_for_unseen_tokens(tiny: Trace) -> None:
 
 
 def test_expected_and_map_counts(tiny: Trace) -> None:
-    pred = BayesPredictor(smoothing=1.0).fit(tiny)
+    pred = BayesPredictor(smoothing=1.0, backoff="layer").fit(tiny)
     np.testing.assert_allclose(pred.predict_counts([[5, 9]])[0], [1.0625, 0.4375, 0.5])
     # MAP: token 5 -> e0; token 9 -> marginal arg-max, tie e0/e2 goes to the lower id.
-    map_pred = BayesPredictor(counts="map").fit(tiny)
+    map_pred = BayesPredictor(counts="map", backoff="layer").fit(tiny)
     np.testing.assert_array_equal(map_pred.predict_counts([[5, 5, 9]])[0], [3, 0, 0])
     np.testing.assert_array_equal(pred.predict_topk([5, 7], 2)[0], [[0, 1], [2, 0]])
 
 
 def test_position_mode_conditions_and_backs_off(tiny: Trace) -> None:
-    pred = BayesPredictor(mode="position", smoothing=1.0, position_smoothing=1.0).fit(tiny)
+    pred = BayesPredictor(mode="position", smoothing=1.0, position_smoothing=1.0,
+                          backoff="layer").fit(tiny)
     token_post = np.array([0.6625, 0.2375, 0.1])
     post = pred.posterior([5, 5, 5], positions=[2, 1, 0])[0]
     # Position 2 saw token 5 once, at e1: (1 * (0, 1, 0) + 1 * token_post) / 2.
@@ -151,7 +165,7 @@ def test_table_get_set_add_and_iteration(tiny: Trace) -> None:
 
 
 def test_table_edits_change_predictions(tiny: Trace, tmp_path: Path) -> None:
-    pred = BayesPredictor(smoothing=1.0).fit(tiny)
+    pred = BayesPredictor(smoothing=1.0, backoff="layer").fit(tiny)
     before = pred.posterior([5])[0, 0].copy()
     pred.table.set((4, 5, 0, 5, 0), 0.0)  # drop the two e0 observations of token 5
     # Token 5 now: q = (0, 1, 0), m = 1; marginal e1 1, e2 2 -> (0, 1/3, 2/3).

@@ -38,8 +38,9 @@ def test_eval_on_trace_files_json_out_and_png(traces, tmp_path: Path) -> None:
     report = json.loads(res.stdout)
     assert report == json.loads(out.read_text())
     assert png.read_bytes()[:4] == b"\x89PNG"
-    (name,) = report["tests"]
-    preds = report["tests"][name]["predictors"]
+    # Trace files are labelled by their stem (no dataset in the metadata); repeats get #2.
+    assert set(report["tests"]) == {"test", "test#2"}
+    preds = report["tests"]["test"]["predictors"]
     assert set(preds) == {"bayes", "lina", "dop", "ef", "sps"}
     assert report["predictors"] == ["bayes", "lina", "dop", "ef", "sps"]  # order kept here
     assert preds["lina"]["ratio"] == 1.0 and preds["bayes"]["fit_s"] >= 0

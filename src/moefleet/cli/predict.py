@@ -116,6 +116,17 @@ def _context(names: list[str], embed: str, seed: int, sources: _Sources,
     return PredictorContext(embed=emb, seed=seed)
 
 
+def _label(ref: str, trace: Any, taken: dict[str, Any]) -> str:
+    """A short name for a test source: a trace file's dataset (else its stem)."""
+    label = ref
+    if ref.endswith(".parquet"):
+        label = str(trace.meta.get("dataset") or "") or Path(ref).stem
+    base, n = label, 2
+    while label in taken:  # the same dataset twice (e.g. two trace files of it)
+        label, n = f"{base}#{n}", n + 1
+    return label
+
+
 def _ticker(bar: Any, task: Any, label: str) -> Callable[[str], None]:
     def tick(name: str) -> None:
         bar.update(task, advance=1, description=f"{label}: {name}")
@@ -165,7 +176,10 @@ def eval_cmd(
             raise MoefleetError("no --test source given", "pass e.g. --test wikitext2:test")
         sources = _Sources(model, max_length, as_json, save_traces)
         train_trace = sources.trace(train, max_tokens)
-        test_traces = {t: sources.trace(t, test_tokens) for t in tests}
+        test_traces: dict[str, Any] = {}
+        for ref in tests:
+            trace = sources.trace(ref, test_tokens)
+            test_traces[_label(ref, trace, test_traces)] = trace
         preds = make_predictors(names, _context(names, embed, seed, sources, train_trace))
         fit_s: dict[str, float] = {}
         with progress() as bar:
@@ -193,7 +207,7 @@ def eval_cmd(
             write_json_atomic(out, report)
         if png is not None:
             plot_results(results, png, title=f"{train_trace.meta.get('model', '')} "
-                                             f"trained on {train}")
+                                             f"trained on {Path(train).name}")
     if as_json:
         emit_json(report)
         return

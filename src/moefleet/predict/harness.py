@@ -225,7 +225,10 @@ def results_table(results: Mapping[str, Mapping[str, Any]], title: str = "") -> 
 
     table = Table(title=title or None)
     for col in ("test", "predictor", "abs diff", "ratio", "rel", "JS", "top-K hit", "fit s"):
-        table.add_column(col, justify="left" if col in ("test", "predictor") else "right")
+        left = col in ("test", "predictor")
+        # Names wrap instead of being cut to "wikitex…" on narrow terminals.
+        table.add_column(col, justify="left" if left else "right",
+                         overflow="fold" if left else "ellipsis", no_wrap=not left)
     for test, res in results.items():
         for name, r in res["predictors"].items():
             ratio = r.get("ratio")
@@ -250,7 +253,7 @@ def plot_results(results: Mapping[str, Mapping[str, Any]], path: str | Path,
 
     tests = list(results)
     names = list(dict.fromkeys(n for r in results.values() for n in r["predictors"]))
-    fig, axes = plt.subplots(1, 2, figsize=(max(6.0, 1.2 * len(names) * 2), 4))
+    fig, axes = plt.subplots(2, 1, figsize=(min(16.0, max(6.0, 0.8 * len(names))), 7))
     width = 0.8 / max(1, len(tests))
     x = np.arange(len(names))
     for ax, metric, label in ((axes[0], "abs_diff", "avg |pred - real| tokens per expert"),
@@ -259,10 +262,11 @@ def plot_results(results: Mapping[str, Mapping[str, Any]], path: str | Path,
             vals = [results[test]["predictors"].get(n, {}).get(metric, np.nan) for n in names]
             ax.bar(x + i * width - 0.4 + width / 2, vals, width, label=test)
         ax.set_xticks(x, names, rotation=30, ha="right")
-        ax.set_ylabel(label)
+        ax.set_ylabel(label, fontsize="small")
+        ax.set_yscale("log")  # equal-frequency bars are often 10x the rest
     axes[0].legend(fontsize="small")
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize="medium")
     fig.tight_layout()
     path = Path(path)
     with atomic_path(path) as tmp:
