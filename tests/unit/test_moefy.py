@@ -233,9 +233,11 @@ def test_all_experts_selected_equals_dense(quick: BertMoEModel, dense: tuple[Any
 def test_quick_conversion_fidelity_bounds(quick: BertMoEModel, dense: tuple[Any, Any],
                                          heldout: list[str]) -> None:
     fid = fidelity(quick, dense[0], dense[1], heldout, 48, [1, 2, 4])
+    # Measured 0.58 / 0.74 for this 24-line, no-distillation conversion; the bounds leave
+    # room for BLAS differences between machines. The shipped recipe reaches 0.88 / 0.93.
     assert fid["top4"] > 0.9999
-    assert 0.5 < fid["top1"] <= fid["top2"] + 0.02
-    assert fid["top2"] > 0.7
+    assert 0.45 < fid["top1"] <= fid["top2"] + 0.02
+    assert fid["top2"] > 0.65
     assert quick.config.top_k == 2  # fidelity() restores k
 
 

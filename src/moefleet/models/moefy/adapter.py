@@ -186,6 +186,8 @@ def load_bert_moe(path: str | Path, name: str = "", top_k: int | None = None) ->
 def _tokenizer(path: Path) -> Any | None:
     if not (path / "tokenizer.json").is_file() and not (path / "vocab.txt").is_file():
         return None  # a checkpoint without tokenizer files still runs on token ids
-    from transformers import AutoTokenizer
+    # Not AutoTokenizer: it would read config.json, whose model_type transformers does not
+    # know, and warn. A converted BERT always carries BERT's WordPiece tokenizer.
+    from transformers import BertTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path))
+    return BertTokenizer.from_pretrained(str(path))

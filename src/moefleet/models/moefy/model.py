@@ -3,6 +3,7 @@
 Shape legend (suffixes on tensor names):
     B batch, T sequence length, N tokens flattened (B*T), D hidden size, H heads,
     Dh head size, E experts in a layer, F neurons per expert, K experts per token.
+    (Local variables spell F as ``Fe`` where ``F`` is torch.nn.functional.)
 
 One block, as a one-line pipeline:
 
@@ -15,7 +16,7 @@ Expert e computes, with z = w1_EFD[e] @ x + b1_EF[e],
 i.e. its neurons' GELU minus a per-neuron linear fit of that GELU. ``shared`` (a D x D
 linear map in the non-expert segment) holds the sum of all those linear fits plus the
 dense FFN's output bias. Invariant: with every expert selected (``top_k == E``) and the
-exact split (no distillation) the block equals the dense BERT block it came from; with
+exact split (no refit/distillation) the block equals the dense BERT block it came from; with
 fewer, a skipped expert contributes its best linear approximation instead of nothing
 (alpha = 0 would be the plain "replace by its mean" rule). Selected experts are summed
 unweighted (MoEfication), so the router's combination weights are all 1; its gate

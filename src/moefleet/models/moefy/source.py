@@ -47,7 +47,8 @@ def load_dense(folder: Path | None = None) -> tuple[Any, Any]:
     from transformers import AutoTokenizer, BertModel
 
     folder = folder or minilm_dir()
-    model = BertModel.from_pretrained(str(folder), dtype=torch.float32, add_pooling_layer=False)
+    # With the pooler (unused) every stored tensor has a home: no unexpected-keys report.
+    model = BertModel.from_pretrained(str(folder), dtype=torch.float32)
     return model.eval(), AutoTokenizer.from_pretrained(str(folder))
 
 
