@@ -1,7 +1,9 @@
 """Local-backend overheads, measured side by side in one run (not part of the test suite).
 
 1. Warm invocation overhead: a no-op (echo) handler invoked back to back; the round trip
-   as the caller sees it, and that minus the handler's own time (goal: median <= 1 ms).
+   as the caller sees it, and that minus the handler's own time (goal: median <= 1 ms on
+   the local backend; <= 5 ms on the ray backend, a Ray Serve handle call, key
+   ``warm_overhead_ray``, skipped when ray is not installed).
 2. Transfer throughput vs payload size: ``direct`` (bytes in the invocation payload, both
    ways) vs ``storage`` (caller PUTs, handler GETs and PUTs, caller GETs), on a local
    directory store and on the same store with the platform's S3 latency/bandwidth emulated.
@@ -31,7 +33,7 @@ import torch
 
 from moefleet.io import write_json_atomic
 from moefleet.platform import LocalObjectStore, ObjectStore, PlatformSpec, load_platform
-from moefleet.runtime import FunctionSpec, HandlerRef
+from moefleet.runtime import FunctionBackend, FunctionSpec, HandlerRef
 from moefleet.runtime.local import LocalBackend
 from moefleet.runtime.payload import pack
 from moefleet.runtime.stores import LatencyStore
@@ -45,13 +47,13 @@ def _q(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def _debug_fn(backend: LocalBackend) -> str:
+def _debug_fn(backend: FunctionBackend) -> str:
     name = f"bench-{uuid.uuid4().hex[:6]}"
     backend.deploy(FunctionSpec(name, "aux", DEBUG, memory_mb=1769))
     return name
 
 
-def warm_overhead(backend: LocalBackend, n: int) -> dict[str, Any]:
+def warm_overhead(backend: FunctionBackend, n: int) -> dict[str, Any]:
     name = _debug_fn(backend)
     payload = pack(meta={"op": "echo"})
     for _ in range(50):
@@ -68,6 +70,19 @@ def warm_overhead(backend: LocalBackend, n: int) -> dict[str, Any]:
                              "p99": 1e3 * _q(rtt, 0.99)},
             "overhead_ms": {"median": 1e3 * statistics.median(over),
                             "p90": 1e3 * _q(over, 0.9)}}
+
+
+def ray_warm_overhead(spec: PlatformSpec, store: str, n: int) -> dict[str, Any] | None:
+    """The same measurement on the ray backend (a local Ray node started and stopped here)."""
+    try:
+        from moefleet.runtime.ray_backend import RayBackend
+    except ImportError:
+        return None
+    backend = RayBackend(spec, store=store, wait_ready=True)
+    try:
+        return warm_overhead(backend, n)
+    finally:
+        backend.teardown()
 
 
 def transfers(backend: LocalBackend, client: ObjectStore, sizes: list[int], reps: int,
@@ -198,6 +213,11 @@ def main() -> None:
             print("warm overhead ...")
             result["warm_overhead"] = warm_overhead(backend, 500 if args.quick else 2000)
             print(f"  {result['warm_overhead']}")
+            print("warm overhead, ray backend ...")
+            ray_row = ray_warm_overhead(spec, tmp, 500 if args.quick else 2000)
+            if ray_row is not None:
+                result["warm_overhead_ray"] = ray_row
+            print(f"  {ray_row}")
             print("transfers, local directory store ...")
             result["transfer"] = transfers(backend, LocalObjectStore(tmp), sizes, reps,
                                            "local-dir")

@@ -44,7 +44,28 @@ def _local(platform: PlatformSpec, store_dir: Path, **options: Any) -> FunctionB
                         **options)
 
 
-FACTORIES: dict[str, Factory] = {"local": _local}
+def _aws(platform: PlatformSpec, store_dir: Path, **options: Any) -> FunctionBackend:
+    # Lambda + S3 on a moto server (127.0.0.1) that the helper starts and the last
+    # backend's teardown stops; invokes run the uploaded zip in emulated environments.
+    from tests.aws_helpers import moto_aws_backend
+
+    return moto_aws_backend(platform, retry_backoff_s=0.01, **options)
+
+
+def _ray(platform: PlatformSpec, store_dir: Path, **options: Any) -> FunctionBackend:
+    # One local Ray node (loopback) per module, started by the first backend and reused
+    # by later ones; one Serve application per function. Not importorskip: ray must not
+    # be imported before the backend starts its node (the binding is fixed at import).
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("ray is not installed (pip install 'moefleet[ray]')")
+    from moefleet.runtime.ray_backend import RayBackend
+
+    return RayBackend(platform, store=str(store_dir), retry_backoff_s=0.01, **options)
+
+
+FACTORIES: dict[str, Factory] = {"local": _local, "aws": _aws, "ray": _ray}
 DEBUG = HandlerRef("moefleet.runtime.handlers:debug_handler")
 
 

@@ -4,9 +4,12 @@
     moefleet run --deployment deployment.json --dataset wikitext2 --tokens 512 --json
     moefleet run --plan plan.yaml --tokens 512          # deploy, run, tear down in one go
 
-On the ``local`` backend, function instances live in worker processes of the command that
-runs them, so ``deploy`` uploads the weights and writes the deployment file (function
-definitions validated against the platform) and ``run`` starts the instances (cold).
+On the ``local`` backend (and ``ray`` without ``RAY_ADDRESS``: a Ray node of this
+command), function instances live in processes of the command that runs them, so
+``deploy`` uploads the weights and writes the deployment file (function definitions
+validated against the platform) and ``run`` starts the instances (cold). On ``aws``, and
+on ``ray`` with ``RAY_ADDRESS`` set (a cluster), ``deploy`` also creates the functions,
+which stay until removed; ``run`` (re)deploys them, runs and removes them at the end.
 """
 
 from __future__ import annotations
@@ -54,6 +57,22 @@ def _deploy(plan_path: Path, backend: str, store_url: str, json_mode: bool):
     return dep, adapter, platform, store
 
 
+def _persistent(backend: str) -> bool:
+    """Backends whose functions outlive this command: aws always, ray on a cluster."""
+    import os
+
+    return backend == "aws" or (backend == "ray" and bool(os.environ.get("RAY_ADDRESS")))
+
+
+def _install_persistent(dep: Any, backend_name: str, platform: Any) -> int:
+    """Create the deployment's functions on a backend that keeps them (no teardown)."""
+    from moefleet.runtime.base import create_backend
+    from moefleet.runtime.deploy import install
+
+    backend = create_backend(backend_name, platform, store=dep.store)
+    return len(install(dep, backend))
+
+
 def deploy_cmd(
     plan: Annotated[Path, typer.Argument(help="Plan YAML (moefleet plan -o, or hand-written).")],
     backend: Annotated[str, typer.Option(help="Function backend.")] = "local",
@@ -67,12 +86,16 @@ def deploy_cmd(
 
     Example: moefleet deploy plan.yaml --store /tmp/moefleet-store -o deployment.json
     """
+    installed = 0
     with user_errors():
-        dep, _, _, _ = _deploy(plan, backend, store or _default_store(), as_json)
+        dep, _, platform, _ = _deploy(plan, backend, store or _default_store(), as_json)
+        if _persistent(backend):
+            installed = _install_persistent(dep, backend, platform)
         dep.save(out)
     summary = {"deployment": str(out), "store": dep.store, "prefix": dep.prefix,
                "functions": len(dep.functions), "bytes_uploaded": dep.layout.bytes_uploaded,
-               "backend": dep.backend, "model": dep.model, "platform": dep.platform}
+               "backend": dep.backend, "model": dep.model, "platform": dep.platform,
+               "functions_created": installed}
     if as_json:
         emit_json(summary)
         return

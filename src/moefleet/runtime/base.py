@@ -264,8 +264,34 @@ def create_backend(name: str, platform: PlatformSpec, **options: Any) -> Functio
     return _BACKENDS[name](platform, **options)
 
 
-def _ensure_builtin() -> None:
-    if "local" not in _BACKENDS:
-        from moefleet.runtime.local import LocalBackend
+# Built-in backends, imported on first use: ray and aws need their extras installed, and a
+# missing extra should only matter to someone who asks for that backend.
+_BUILTIN = {
+    "local": ("moefleet.runtime.local", "LocalBackend", None),
+    "ray": ("moefleet.runtime.ray_backend", "RayBackend", "ray"),
+    "aws": ("moefleet.runtime.aws_backend", "AwsBackend", "aws"),
+}
 
-        register_backend("local", LocalBackend)
+
+def _lazy(module: str, attr: str, extra: str | None) -> BackendFactory:
+    def factory(platform: PlatformSpec, **options: Any) -> FunctionBackend:
+        import importlib
+
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except ImportError as err:
+            raise MoefleetError(
+                f"the {attr} backend cannot be imported: {err}",
+                f"install the extra: pip install 'moefleet[{extra}]'" if extra else
+                "reinstall moefleet",
+            ) from err
+        backend: FunctionBackend = cls(platform, **options)
+        return backend
+
+    return factory
+
+
+def _ensure_builtin() -> None:
+    for name, (module, attr, extra) in _BUILTIN.items():
+        if name not in _BACKENDS:
+            _BACKENDS[name] = _lazy(module, attr, extra)
