@@ -145,3 +145,72 @@ def test_load_rejects_other_kind_and_garbage(fitted, tmp_path: Path) -> None:
         load_predictor(bad)
     with pytest.raises(DataError, match="does not exist"):
         load_predictor(tmp_path / "missing.npz")
+
+
+# ---- bad input: another model, another format version, unseen tokens ---------------------
+
+
+def _other(train: Trace, **change: object) -> Trace:
+    """A trace shaped like ``train`` but for another model (``change`` says how)."""
+    kw: dict = {"moe_layers": (1, 3), "num_experts": (4, 6), "top_k": 2, "seed": 3}
+    model = change.pop("model", None)
+    kw.update(change)
+    trace = synthetic_trace(5, **kw)
+    return Trace(trace.table, {**trace.meta, "model": model}) if model else trace
+
+
+@pytest.mark.parametrize(
+    ("change", "both_values"),
+    [
+        ({"num_experts": (4, 8)}, "experts per layer [4, 6] vs [4, 8]"),
+        ({"top_k": 1}, "top-k 2 vs 1"),
+        ({"moe_layers": (1, 2)}, "MoE layers [1, 3] vs [1, 2]"),
+        ({"model": "tiny-moe-lm"}, "model 'synthetic' vs 'tiny-moe-lm'"),
+    ],
+)
+def test_trace_of_another_model_is_refused_naming_both_values(
+    change: dict, both_values: str, fitted, train: Trace
+) -> None:
+    from moefleet.predict import evaluate
+
+    other = _other(train, **change)
+    for name in NAMES:
+        with pytest.raises(DataError, match="different models") as err:
+            fitted[name].check_trace(other)
+        assert both_values in str(err.value)
+    # The harness checks a pre-fitted predictor the same way before scoring it.
+    with pytest.raises(DataError, match=both_values.replace("[", r"\[")):
+        evaluate({"dop": fitted["dop"]}, None, other)
+    fitted["dop"].check_trace(train)  # its own model passes
+
+
+def test_load_refuses_another_format_version_naming_both(fitted, tmp_path: Path) -> None:
+    import json
+
+    from moefleet.predict.base import FORMAT_VERSION
+
+    path = fitted["bayes"].save(tmp_path / "bayes.npz")
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    meta = json.loads(str(arrays["__meta__"]))
+    assert meta["format"] == FORMAT_VERSION and meta["model"] == "synthetic"
+    for version, hint in ((FORMAT_VERSION + 1, "upgrade"), (FORMAT_VERSION - 1, "refit")):
+        bad = tmp_path / f"v{version}.npz"
+        np.savez(bad, **{**arrays, "__meta__": np.array(json.dumps({**meta, "format": version}))})
+        for load in (load_predictor, BayesPredictor.load):
+            with pytest.raises(DataError) as err:
+                load(bad)
+            text = str(err.value) + str(err.value.hint)
+            assert f"format v{version}" in text and f"v{FORMAT_VERSION} only" in text
+            assert hint in text
+    assert BayesPredictor.load(path).model == "synthetic"  # the model name round-trips
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_batch_of_only_unseen_tokens_backs_off(name: str, fitted) -> None:
+    pred = fitted[name]
+    # Never profiled, beyond every packed id field, and a repeat: counts, not a crash.
+    batch = [[10**6, 2**40, 10**6], [123_457]]
+    counts = pred.predict_counts(batch)
+    assert np.isfinite(counts).all() and (counts >= 0).all()
+    np.testing.assert_allclose(counts.sum(axis=1), 2 * 4, rtol=1e-9)

@@ -14,7 +14,11 @@ token slots each expert of each MoE layer receives. Invariants every implementat
 - every row sums to K x (tokens in the batch), because each token takes exactly K slots;
 - predictions are deterministic for a fixed fitted state (seeded where random);
 - ``save`` writes an ``.npz`` (arrays + one JSON string, never pickle) and ``load``
-  restores a predictor whose predictions are identical.
+  restores a predictor whose predictions are identical. The JSON records
+  ``FORMAT_VERSION``; ``load`` refuses any other version (older or newer) by name,
+  since the arrays' meaning is only defined for the version that wrote them;
+- a fitted predictor remembers its model (name and :class:`ModelShape`) and refuses a
+  trace of another one (:meth:`ExpertPredictor.check_trace`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any, ClassVar, Self, TypeVar
 
 import numpy as np
 
+from moefleet import __version__
 from moefleet.errors import DataError, MoefleetError
 from moefleet.io import atomic_path
 from moefleet.traces.schema import Trace
@@ -98,6 +103,17 @@ class ModelShape:
     def num_layers(self) -> int:
         return len(self.layers)
 
+    def differences(self, other: ModelShape) -> list[str]:
+        """Human-readable ``field: mine vs other`` for every field that differs."""
+        out = []
+        for label, a, b in (("MoE layers", list(self.layers), list(other.layers)),
+                            ("experts per layer", list(self.num_experts),
+                             list(other.num_experts)),
+                            ("top-k", self.top_k, other.top_k)):
+            if a != b:
+                out.append(f"{label} {a} vs {b}")
+        return out
+
     @property
     def max_experts(self) -> int:
         return max(self.num_experts)
@@ -123,6 +139,23 @@ class ModelShape:
         return cls(tuple(obj["layers"]), tuple(obj["num_experts"]), int(obj["top_k"]))
 
 
+def check_same_model(what: str, model_a: str, shape_a: ModelShape, model_b: str,
+                     shape_b: ModelShape) -> None:
+    """DataError naming both values of every difference between two (model, shape).
+
+    ``what`` names the two sides, e.g. ``"the predictor and the trace"``; the values are
+    listed in that order. A missing model name (``""``) matches any name, since traces
+    and predictor files may predate the field; the shape must always match.
+    """
+    diffs = shape_a.differences(shape_b)
+    if model_a and model_b and model_a != model_b:
+        diffs.insert(0, f"model {model_a!r} vs {model_b!r}")
+    if diffs:
+        raise DataError(f"{what} come from different models: {'; '.join(diffs)}",
+                        "profile with the same --model the predictor was fitted on, or "
+                        "refit the predictor on this model's trace")
+
+
 class ExpertPredictor(ABC):
     """Predicts per-expert token counts for batches of requests from their token ids.
 
@@ -134,6 +167,7 @@ class ExpertPredictor(ABC):
 
     def __init__(self) -> None:
         self.shape: ModelShape | None = None
+        self.model: str = ""  # the fitted trace's model name ("" if it recorded none)
 
     # -- public API ------------------------------------------------------------------
     def fit(self, trace: Trace) -> Self:
@@ -144,8 +178,16 @@ class ExpertPredictor(ABC):
                 "profile more prompts: moefleet profile --model M --dataset D",
             )
         self.shape = ModelShape.from_trace(trace)
+        self.model = str(trace.meta.get("model") or "")
         self._fit(trace)
         return self
+
+    def check_trace(self, trace: Trace) -> None:
+        """DataError (naming both values) unless ``trace`` is of the fitted model: same
+        model name, MoE layers, experts per layer and top-k."""
+        shape = self._require_fitted()
+        check_same_model("the predictor and the trace", self.model, shape,
+                         str(trace.meta.get("model") or ""), ModelShape.from_trace(trace))
 
     def predict_counts(self, requests: Sequence[RequestLike]) -> np.ndarray:
         """counts_LE: expected token slots per expert per MoE layer for the whole batch."""
@@ -166,8 +208,8 @@ class ExpertPredictor(ABC):
         """Write the fitted state as ``.npz`` (arrays + JSON metadata) atomically."""
         shape = self._require_fitted()
         arrays, params = self._state()
-        meta = {"kind": self.kind, "format": FORMAT_VERSION, "shape": shape.to_json(),
-                "params": params}
+        meta = {"kind": self.kind, "format": FORMAT_VERSION, "moefleet": __version__,
+                "model": self.model, "shape": shape.to_json(), "params": params}
         if _META in arrays:
             raise ValueError(f"{_META} is reserved")
         path = Path(path)
@@ -189,6 +231,7 @@ class ExpertPredictor(ABC):
         shape = ModelShape.from_json(meta["shape"])
         obj = cls._from_state(shape, arrays, meta["params"])
         obj.shape = shape
+        obj.model = str(meta.get("model") or "")
         return obj
 
     # -- implementation hooks --------------------------------------------------------
@@ -254,10 +297,26 @@ def read_npz(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     if _META not in arrays:
         raise DataError(f"{path} is not a moefleet predictor (no {_META} entry)",
                         "re-create it with moefleet predict fit")
-    meta = json.loads(str(arrays.pop(_META)))
-    if int(meta.get("format", 0)) > FORMAT_VERSION:
-        raise DataError(f"{path} uses predictor format v{meta['format']}, newer than this "
-                        f"moefleet (v{FORMAT_VERSION})", "upgrade moefleet")
+    try:
+        meta = json.loads(str(arrays.pop(_META)))
+        version = int(meta.get("format", 0))
+    except (ValueError, TypeError, AttributeError) as err:
+        raise DataError(f"{path} has unreadable predictor metadata: {err}",
+                        "re-create it with moefleet predict fit") from err
+    if version != FORMAT_VERSION:
+        # Files carry no migration path: the arrays' meaning is defined per version.
+        writer = f" by moefleet {meta['moefleet']}" if meta.get("moefleet") else ""
+        newer = version > FORMAT_VERSION
+        raise DataError(
+            f"{path} was written{writer} in predictor format v{version}; this moefleet "
+            f"({__version__}) reads format v{FORMAT_VERSION} only",
+            "upgrade moefleet to read it" if newer else
+            "refit it with this moefleet: moefleet predict fit ... -o predictor.npz",
+        )
+    for key in ("kind", "shape", "params"):
+        if key not in meta:
+            raise DataError(f"{path} predictor metadata lacks {key!r}",
+                            "re-create it with moefleet predict fit")
     return meta, arrays
 
 

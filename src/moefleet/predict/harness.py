@@ -29,7 +29,7 @@ import numpy as np
 
 from moefleet.errors import DataError, UnknownNameError
 from moefleet.predict._trace import TraceArrays
-from moefleet.predict.base import ExpertPredictor, ModelShape, Request
+from moefleet.predict.base import ExpertPredictor, ModelShape, Request, check_same_model
 from moefleet.predict.baselines import DOPPredictor, EFPredictor, LinaPredictor
 from moefleet.predict.bayes import BayesPredictor
 from moefleet.predict.embed import EmbeddingSource
@@ -133,10 +133,6 @@ def make_batches(requests: Sequence[Request], batch_tokens: int) -> list[list[Re
     return out
 
 
-def _check_same_model(a: ModelShape, b: ModelShape) -> None:
-    if a != b:
-        raise DataError(f"train and test traces come from different models ({a} vs {b})",
-                        "profile both with the same --model")
 
 
 def score(pred: ExpertPredictor, ta: TraceArrays, batch_tokens: int) -> dict[str, Any]:
@@ -196,7 +192,10 @@ def evaluate(predictors: Mapping[str, ExpertPredictor], train_trace: Trace | Non
         "predictors": {},
     }
     if train_trace is not None:
-        _check_same_model(ModelShape.from_trace(train_trace), test.shape)
+        check_same_model("the train and test traces",
+                         str(train_trace.meta.get("model") or ""),
+                         ModelShape.from_trace(train_trace),
+                         str(test_trace.meta.get("model") or ""), test.shape)
         out["train"] = {"dataset": train_trace.meta.get("dataset", ""),
                         "tokens": train_trace.num_tokens,
                         "requests": int(train_trace.meta.get("num_requests", 0))}
@@ -208,8 +207,8 @@ def evaluate(predictors: Mapping[str, ExpertPredictor], train_trace: Trace | Non
             t0 = time.perf_counter()
             pred.fit(train_trace)
             fit_s = time.perf_counter() - t0
-        elif pred.shape is not None:
-            _check_same_model(pred.shape, test.shape)
+        else:
+            pred.check_trace(test_trace)  # fitted elsewhere: it must be this model's
         out["predictors"][name] = {**score(pred, test, batch_tokens), "fit_s": fit_s}
     res = out["predictors"]
     if reference in res and res[reference]["abs_diff"] > 0:
