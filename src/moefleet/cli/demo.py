@@ -1,7 +1,10 @@
-"""``moefleet demo``: the main job on the embedded default.
+"""``moefleet demo``: the main job on the embedded default (what ``make demo`` runs).
 
-Today: build the default model (cached), profile it on wikitext2 and print the routing
-summary. Later stages (plan, deploy, serve, bill) extend this command.
+Build the default model (cached) -> compute profile (cached) -> routing traces ->
+Bayesian predictor -> BO + ODS -> plans for a held-out workload -> each plan deployed on
+the local backend and the workload run through it -> a report (table, JSON, PNG)
+comparing the BO plan, the oracle plan, unadjusted predictions, LambdaML and a CPU
+cluster. See :mod:`moefleet.demo.pipeline` for what each stage measures.
 """
 
 from __future__ import annotations
@@ -11,37 +14,70 @@ from typing import Annotated
 
 import typer
 
-from moefleet.cli.common import emit_json, out_console, user_errors
+from moefleet.cli.common import emit_json, out_console, progress, user_errors
+from moefleet.errors import MoefleetError
 
 
 def demo_cmd(
-    model: Annotated[str, typer.Option("--model", "-m")] = "",
-    quick: Annotated[bool, typer.Option(help="Fewer tokens, for a ~1-minute run.")] = False,
+    model: Annotated[str, typer.Option("--model", "-m", help="Zoo model.")] = "minilm-moe-e8",
+    quick: Annotated[bool, typer.Option(help="Small batches and few BO iterations (~1 min "
+                                        "once the model and profile are cached).")] = False,
+    platform: Annotated[str, typer.Option(help="Serverless platform.")] = "aws-lambda-2020",
+    slo: Annotated[float | None, typer.Option(
+        help="End-to-end latency limit, s (default: LambdaML's latency / (1 - 0.1876)).")
+    ] = None,
+    sampler: Annotated[str, typer.Option(
+        help="BO sampler: eps-gp | eps | single-eps | random | tpe.")] = "eps-gp",
+    iterations: Annotated[int | None, typer.Option(help="BO iterations at most.")] = None,
+    run: Annotated[bool, typer.Option(
+        help="Deploy each plan on the local backend and run the workload.")] = True,
+    workers: Annotated[int | None, typer.Option(help="Local worker processes.")] = None,
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Where results go.")] = Path(
-        "out/demo"
-    ),
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+        "out/demo"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Profile the default MoE model and show how its routers use the experts.
+    """Plan, deploy and bill the default MoE model end to end; compare with baselines.
 
     Example: moefleet demo --quick
     """
-    from moefleet.cli.profile import DEFAULT_MODEL, run_profile
-    from moefleet.models import zoo
-    from moefleet.report.routing import routing_png, routing_summary, routing_table
-    from moefleet.traces import write_trace
+    from moefleet.demo.pipeline import DemoConfig, run_demo
+    from moefleet.io import write_json_atomic
+    from moefleet.plan.bo_samplers import SAMPLERS
+    from moefleet.report.demo import demo_png, demo_table
 
-    chosen = model or (DEFAULT_MODEL if zoo.has_entry(DEFAULT_MODEL) else "tiny-mixtral-random")
-    tokens = 1024 if quick else 8192
     con = out_console(as_json)
     with user_errors():
-        con.print(f"[bold]moefleet demo[/]: model {chosen}, {tokens} tokens of wikitext2")
-        trace = run_profile(chosen, "wikitext2", tokens, 256, 8, True, as_json)
-        trace_path = write_trace(trace, out_dir / "trace.parquet")
-        summary = routing_summary(trace)
-        png = routing_png(summary, out_dir / "popularity.png")
+        if sampler not in SAMPLERS:
+            raise MoefleetError(f"--sampler {sampler!r} is not known",
+                                f"choose one of {', '.join(SAMPLERS)}")
+        if slo is not None and not slo > 0:
+            raise MoefleetError(f"--slo must be > 0 seconds, got {slo}", "e.g. --slo 30")
+        if iterations is not None and iterations < 1:
+            raise MoefleetError(f"--iterations must be >= 1, got {iterations}", "e.g. 20")
+        opts = {"model": model, "platform": platform, "slo_s": slo, "sampler": sampler,
+                "run": run, "workers": workers}
+        if iterations is not None:
+            opts["bo_iters"] = iterations
+        cfg = DemoConfig.quick(**opts) if quick else DemoConfig(**opts)  # type: ignore[arg-type]
+        con.print(f"[bold]moefleet demo[/]: {model} on {platform}, workload "
+                  f"{cfg.workload_tokens:,} tokens of wikitext2:test")
+        with progress() as bar:
+            task = bar.add_task("BO iterations", total=cfg.bo_iters, visible=False)
+
+            def on_bo(it: int, total: int, best: float) -> None:
+                bar.update(task, completed=it, total=total, visible=True,
+                           description=f"BO (best {best:.3g} USD)")
+
+            report = run_demo(cfg, out_dir, say=lambda msg: con.print(f"· {msg}"),
+                              bo_progress=on_bo)
+        json_path = out_dir / "report.json"
+        write_json_atomic(json_path, report)
+        png = demo_png(report, out_dir / "report.png")
     if as_json:
-        emit_json({**summary, "trace": str(trace_path), "png": str(png)})
+        emit_json({**report, "report_json": str(json_path), "png": str(png)})
         return
-    con.print(routing_table(summary))
-    con.print(f"trace: {trace_path}\nheatmap: {png}")
+    con.print(demo_table(report))
+    bo = report["bo"]
+    con.print(f"BO: {bo['iterations']} iterations ({'converged' if bo['converged'] else 'cap'}"
+              f"), {bo['wall_s']:.1f} s, evaluator {bo['evaluator']}; report {json_path}, "
+              f"chart {png}; total {report['wall_s']:.0f} s")

@@ -1,0 +1,241 @@
+"""The end-to-end job behind ``moefleet demo`` (ODS/BO Fig. 14 on one machine).
+
+Stages, each cached or measured as it says:
+1. model: the zoo's default (built once, cached);
+2. compute profile: measured once per model and machine (cached next to the weights);
+3. routing: one profiling pass over ``wikitext2:train`` (the first part fits the
+   predictor, the rest becomes the BO batches) and one over ``wikitext2:test`` (the
+   workload, never seen by the predictor or the BO);
+4. predictor: the Bayesian token-feature predictor fitted on the first part;
+5. BO + ODS: Alg. 2 on the BO batches, objective billed by the analytical model;
+6. plans for the workload: BO-adjusted predictions, unadjusted predictions, the real
+   distribution (oracle), LambdaML; each billed on the workload's real routing by the
+   analytical model (rules (i)-(iii) applied, as a deployment would be repaired), and the
+   CPU cluster's cost for the same work;
+7. measured run: every serverless plan deployed on the local backend and the workload
+   run through it: billed cost by the meter and throughput, outputs checked against the
+   monolithic model.
+
+Invariant: the workload's routing is used only by the oracle plan and for billing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moefleet.errors import MoefleetError
+
+THROUGHPUT_LOSS = 0.1876  # the SLO: LambdaML's latency / (1 - the paper's largest loss)
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    model: str = "minilm-moe-e8"
+    platform: str = "aws-lambda-2020"
+    cluster: str = "cpu-cluster"
+    fit_tokens: int = 40_960
+    batch_tokens: int = 10_240
+    bo_batches: int = 2
+    workload_tokens: int = 10_240
+    max_length: int = 128
+    bo_pairs: int = 1000
+    bo_iters: int = 30
+    sampler: str = "eps-gp"
+    slo_s: float | None = None  # default: LambdaML latency / (1 - THROUGHPUT_LOSS)
+    run: bool = True  # deploy and run on the local backend
+    workers: int | None = None
+    seed: int = 0
+
+    @classmethod
+    def quick(cls, **kw: Any) -> DemoConfig:
+        base: dict[str, Any] = {"fit_tokens": 8192, "batch_tokens": 2048, "bo_batches": 1,
+                "workload_tokens": 2048, "bo_pairs": 200, "bo_iters": 10}
+        base.update(kw)
+        return cls(**base)
+
+
+Say = Callable[[str], None]
+
+
+def _profile(adapter: Any, dataset: str, tokens: int, max_length: int, say: Say) -> Any:
+    from moefleet.cli.profile import split_dataset
+    from moefleet.data import load_prompts
+    from moefleet.traces import profile
+
+    name, split = split_dataset(dataset)
+    prompts = load_prompts(name, split=split)
+    t0 = time.perf_counter()
+    trace = profile(adapter, [p.request_id for p in prompts], [p.text for p in prompts],
+                    max_tokens=tokens, max_length=max_length, batch_size=8,
+                    attention_ids=True, dataset=dataset)
+    say(f"profiled {trace.num_tokens:,} tokens of {dataset} in {time.perf_counter() - t0:.0f} s")
+    return trace
+
+
+def _split_requests(trace: Any, first_tokens: int) -> tuple[Any, Any]:
+    """The trace's requests in order: those within the first ``first_tokens``, the rest."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from moefleet.traces.schema import Trace
+
+    layer0 = min(int(x) for x in trace.meta["moe_layers"])
+    rows = trace.table.filter(pc.equal(trace.table.column("layer"), layer0))
+    rid = rows.column("request_id").to_pylist()
+    order: dict[str, int] = {}
+    for r in rid:
+        order[r] = order.get(r, 0) + 1
+    head: list[str] = []
+    total = 0
+    for r, n in order.items():
+        if total >= first_tokens:
+            break
+        head.append(r)
+        total += n
+    mask = pc.is_in(trace.table.column("request_id"), value_set=pa.array(head))
+    return (Trace(trace.table.filter(mask), trace.meta),
+            Trace(trace.table.filter(pc.invert(mask)), trace.meta))
+
+
+def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
+             bo_progress: Callable[[int, int, float], None] | None = None) -> dict[str, Any]:
+    """Run every stage; returns the report dict (also written by the caller)."""
+    from moefleet.models import load_adapter
+    from moefleet.plan import LambdaMLPlanner, OdsPlanner, PlanningProblem, cpu_cluster_cost
+    from moefleet.plan.bo import BayesOpt, BOConfig
+    from moefleet.plan.bo_eval import apply_rules, batches_from_trace, counts_for_plan
+    from moefleet.platform import load_platform
+    from moefleet.predict.base import ModelShape
+    from moefleet.predict.bayes import BayesPredictor
+    from moefleet.profiles.cache import profile_for
+    from moefleet.traces import write_trace
+
+    t_start = time.perf_counter()
+    adapter = load_adapter(cfg.model)
+    summary = adapter.summary()
+    prof = profile_for(cfg.model)
+    say(f"model {cfg.model}: {len(summary.moe_layers)} MoE layers x "
+        f"{max(summary.num_experts)} experts, top-{summary.top_k}; compute profile ready")
+    train = _profile(adapter, "wikitext2:train",
+                     cfg.fit_tokens + cfg.bo_batches * cfg.batch_tokens, cfg.max_length, say)
+    work = _profile(adapter, "wikitext2:test", cfg.workload_tokens, cfg.max_length, say)
+    fit_trace, bo_trace = _split_requests(train, cfg.fit_tokens)
+    write_trace(work, out_dir / "workload_trace.parquet")
+    shape = ModelShape.from_trace(fit_trace)
+    predictor = BayesPredictor().fit(fit_trace)
+    bo_batches = batches_from_trace(bo_trace, shape, cfg.batch_tokens, cfg.bo_batches)
+    (workload,) = batches_from_trace(work, shape, work.num_tokens, 1)
+    say(f"predictor fitted on {fit_trace.num_tokens:,} tokens; BO batches "
+        f"{[b.tokens for b in bo_batches]}; workload {workload.tokens:,} tokens")
+
+    spec = load_platform(cfg.platform)
+
+    def problem(counts: np.ndarray, tokens: int, slo: float) -> PlanningProblem:
+        return PlanningProblem.from_summary(summary, prof, spec, counts, slo, tokens=tokens)
+
+    pred_work = predictor.predict_counts(workload.requests)
+    slo = cfg.slo_s
+    if slo is None:
+        probe = problem(counts_for_plan(pred_work), workload.tokens, 1e6)
+        slo = LambdaMLPlanner().plan(probe).predicted["latency_s"] / (1 - THROUGHPUT_LOSS)
+    say(f"SLO {slo:.3f} s end to end ({cfg.platform})")
+    template = problem(bo_batches[0].real_LE, int(np.mean([b.tokens for b in bo_batches])),
+                       slo)
+    bo_cfg = BOConfig(pairs=cfg.bo_pairs, max_iters=cfg.bo_iters, sampler=cfg.sampler,
+                      seed=cfg.seed)
+    bo = BayesOpt(predictor, template, bo_batches, bo_cfg).run(progress=bo_progress)
+    say(f"BO ({bo.sampler}, evaluator {bo.evaluator}): {bo.iterations} iterations in "
+        f"{bo.wall_s:.1f} s, objective {bo.baseline.cost:.4g} -> {bo.best.cost:.4g} USD")
+
+    real = problem(workload.real_LE, workload.tokens, slo)
+    ods = OdsPlanner()
+    with bo.applied() as adjusted:
+        pred_bo = adjusted.predict_counts(workload.requests)
+    plans: dict[str, Any] = {}
+    for name, pred in (("bo", pred_bo), ("unadjusted", pred_work)):
+        plans[name] = (ods.plan(real.with_counts(counts_for_plan(pred))), pred)
+    plans["oracle"] = (ods.plan(real), workload.real_LE.astype(float))
+    plans["lambdaml"] = (LambdaMLPlanner().plan(real), workload.real_LE.astype(float))
+    rows: dict[str, dict[str, Any]] = {}
+    for name, (plan, pred) in plans.items():
+        out = apply_rules(real, plan, pred, bo_cfg.margin)
+        est = out.estimate
+        rows[name] = {"kind": "serverless", "cost_usd": est.cost_usd,
+                      "latency_s": est.latency_s, "slo_met": est.latency_s <= slo + 1e-9,
+                      "feasible": est.feasible, "violations": est.violations[:3],
+                      "added_replicas": out.added_replicas,
+                      "throughput_tokens_per_s": workload.tokens / est.latency_s}
+        out.plan.save(out_dir / f"plan_{name}.yaml")
+    cluster = cpu_cluster_cost(real, prof, load_platform(cfg.cluster))
+    rows["cpu_cluster"] = {"kind": "cluster", "cost_usd": cluster.cost_usd,
+                           "moe_prorated_usd": cluster.moe_prorated_usd,
+                           "latency_s": cluster.wall_s, "slo_met": cluster.wall_s <= slo,
+                           "throughput_tokens_per_s": workload.tokens / cluster.wall_s}
+    if cfg.run:
+        for name in ("bo", "oracle", "unadjusted", "lambdaml"):
+            say(f"deploying the {name} plan on the local backend and running the workload")
+            rows[name]["measured"] = measure(out_dir / f"plan_{name}.yaml", adapter, spec,
+                                             work, cfg)
+    report = {
+        "model": cfg.model, "platform": cfg.platform, "cluster": cfg.cluster,
+        "slo_s": slo, "workload": {"dataset": "wikitext2:test", "tokens": workload.tokens},
+        "bo": bo.summary(), "bo_history": bo.history, "plans": rows,
+        "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+        "wall_s": time.perf_counter() - t_start,
+    }
+    return report
+
+
+def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, cfg: DemoConfig,
+            ) -> dict[str, Any]:
+    """Deploy a plan on the local backend, run the workload's requests, bill it."""
+    import tempfile
+
+    from moefleet.plan import DeploymentPlan
+    from moefleet.platform import open_store
+    from moefleet.runtime.base import create_backend, validate_spec
+    from moefleet.runtime.deploy import deploy_plan, install
+    from moefleet.runtime.executor import Executor
+    from moefleet.runtime.runner import make_batches, run_workload
+
+    plan = DeploymentPlan.load(plan_path)
+    rids, texts = _workload_texts(work)
+    batches = make_batches(adapter, rids, texts, max_tokens=work.num_tokens,
+                           max_length=cfg.max_length, batch_size=8)
+    with tempfile.TemporaryDirectory(prefix="moefleet-demo-store-") as tmp:
+        store = open_store(tmp)
+        dep = deploy_plan(adapter, plan, spec, store, backend_name="local")
+        dep.functions = [validate_spec(spec, f) for f in dep.functions]
+        options: dict[str, Any] = {"store": dep.store}
+        if cfg.workers is not None:
+            options["workers"] = cfg.workers
+        backend = create_backend("local", spec, **options)
+        try:
+            install(dep, backend)
+            with Executor(dep, backend, store, spec) as executor:
+                s = run_workload(executor, batches, reference=adapter)
+        finally:
+            backend.teardown()
+    moe = s["cost_usd"]["by_kind"].get("expert", 0.0)
+    return {"moe_cost_usd": moe, "total_cost_usd": s["cost_usd"]["total"],
+            "throughput_tokens_per_s": s["throughput_tokens_per_s"], "tokens": s["tokens"],
+            "cold_starts": s["cold_starts"], "invocations": s["invocations"],
+            "max_abs_diff": s["max_abs_diff"]}
+
+
+def _workload_texts(work: Any) -> tuple[list[str], list[str]]:
+    from moefleet.data import load_prompts
+
+    wanted = list(dict.fromkeys(work.table.column("request_id").to_pylist()))
+    prompts = {p.request_id: p.text for p in load_prompts("wikitext2", split="test")}
+    missing = [r for r in wanted if r not in prompts]
+    if missing:
+        raise MoefleetError(f"workload requests {missing[:3]} are not in wikitext2:test",
+                            "re-run the demo (the dataset changed under it)")
+    return wanted, [prompts[r] for r in wanted]

@@ -1,0 +1,76 @@
+"""The demo's report: a terminal table and a two-panel PNG (ODS/BO Fig. 14 analogue).
+
+Rows: the serverless plans (BO, oracle, unadjusted, LambdaML) and the CPU cluster.
+Columns: MoE cost by the analytical model on the workload's real routing, the bill the
+local runtime measured for the same workload, throughput (model and measured), whether
+the plan meets the SLO, and cost relative to the oracle plan.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from moefleet.io import atomic_path
+
+ORDER = ("bo", "oracle", "unadjusted", "lambdaml", "cpu_cluster")
+LABELS = {"bo": "BO + ODS", "oracle": "oracle (real counts)", "unadjusted": "ODS, unadjusted",
+          "lambdaml": "LambdaML", "cpu_cluster": "CPU cluster"}
+
+
+def _rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    plans = report["plans"]
+    return [(k, plans[k]) for k in ORDER if k in plans]
+
+
+def demo_table(report: dict[str, Any]) -> Table:
+    oracle = report["plans"]["oracle"]["cost_usd"]
+    t = Table(title=f"{report['model']} on {report['platform']}: "
+                    f"{report['workload']['tokens']:,} tokens of {report['workload']['dataset']}"
+                    f", SLO {report['slo_s']:.2f} s")
+    for col in ("plan", "MoE cost (model) USD", "× oracle", "latency s", "SLO",
+                "measured MoE bill USD", "measured tokens/s"):
+        t.add_column(col, justify="right" if col != "plan" else "left")
+    for key, row in _rows(report):
+        cost = row["moe_prorated_usd"] if key == "cpu_cluster" else row["cost_usd"]
+        m = row.get("measured") or {}
+        t.add_row(LABELS[key], f"{cost:.3e}", f"{cost / oracle:.2f}", f"{row['latency_s']:.2f}",
+                  "yes" if row["slo_met"] else "NO",
+                  f"{m['moe_cost_usd']:.3e}" if m else "-",
+                  f"{m['throughput_tokens_per_s']:.0f}" if m else "-")
+    return t
+
+
+def demo_png(report: dict[str, Any], path: str | Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = _rows(report)
+    names = [LABELS[k] for k, _ in rows]
+    model_cost = [r["moe_prorated_usd"] if k == "cpu_cluster" else r["cost_usd"]
+                  for k, r in rows]
+    measured = [(r.get("measured") or {}).get("moe_cost_usd", 0.0) for _, r in rows]
+    tput = [r["throughput_tokens_per_s"] for _, r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    x = range(len(rows))
+    ax1.bar([i - 0.2 for i in x], model_cost, 0.4, label="analytical model")
+    if any(measured):
+        ax1.bar([i + 0.2 for i in x], measured, 0.4, label="measured (local runtime)")
+    ax1.set_xticks(list(x), names, rotation=20, ha="right")
+    ax1.set_ylabel("billed cost of all MoE layers (USD)")
+    ax1.set_title("cost per workload (cluster: busy seconds only)")
+    ax1.legend()
+    ax2.bar(list(x), tput, color="tab:green")
+    ax2.set_xticks(list(x), names, rotation=20, ha="right")
+    ax2.set_ylabel("tokens / s (analytical model)")
+    ax2.set_title(f"throughput (SLO {report['slo_s']:.2f} s)")
+    fig.suptitle(f"{report['model']} on {report['platform']}")
+    fig.tight_layout()
+    with atomic_path(Path(path)) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    return Path(path)
