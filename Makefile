@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 # Extras installed for the suite (ray adds ~15 s to a fresh install).
 EXTRAS ?= dev,aws,plan,sim,ray
 
-.PHONY: install demo test lint bench clean install-ray
+.PHONY: install demo test lint bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -32,9 +32,6 @@ lint: install
 
 bench: install
 	$(PY) benchmarks/trace_overhead.py
-
-install-ray: install
-	$(PIP) install -q -e '.[ray]' torch==2.13.0
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -61,6 +61,9 @@ def demo_cmd(
         cfg = DemoConfig.quick(**opts) if quick else DemoConfig(**opts)  # type: ignore[arg-type]
         con.print(f"[bold]moefleet demo[/]: {model} on {platform}, workload "
                   f"{cfg.workload_tokens:,} tokens of wikitext2:test")
+        from moefleet.cli.models import load_with_progress
+
+        load_with_progress(model, as_json)  # builds the zoo model once, with a progress bar
         with progress() as bar:
             task = bar.add_task("BO iterations", total=cfg.bo_iters, visible=False)
 

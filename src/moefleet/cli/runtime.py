@@ -14,6 +14,9 @@ which stay until removed; ``run`` (re)deploys them, runs and removes them at the
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import sys
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,6 +27,8 @@ from rich.table import Table
 from moefleet.cli.common import emit_json, out_console, progress, user_errors
 from moefleet.errors import MoefleetError
 from moefleet.io import write_json_atomic
+
+log = logging.getLogger(__name__)
 
 
 def _default_store() -> str:
@@ -57,6 +62,14 @@ def _deploy(plan_path: Path, backend: str, store_url: str, json_mode: bool):
     return dep, adapter, platform, store
 
 
+def _stdout_to_stderr() -> contextlib.AbstractContextManager[Any]:
+    """While a backend works, what its libraries print on stdout goes to stderr, so stdout
+    carries only this command's output (the JSON of --json). Ray's driver prints errors
+    its cluster reports (e.g. "(raylet) Task ServeController.graceful_shutdown failed" as
+    Serve shuts down) on stdout, whatever ``log_to_driver`` says."""
+    return contextlib.redirect_stdout(sys.stderr)
+
+
 def _persistent(backend: str) -> bool:
     """Backends whose functions outlive this command: aws always, ray on a cluster."""
     import os
@@ -64,13 +77,25 @@ def _persistent(backend: str) -> bool:
     return backend == "aws" or (backend == "ray" and bool(os.environ.get("RAY_ADDRESS")))
 
 
-def _install_persistent(dep: Any, backend_name: str, platform: Any) -> int:
-    """Create the deployment's functions on a backend that keeps them (no teardown)."""
+def _install_persistent(dep: Any, backend_name: str, platform: Any, store: Any) -> int:
+    """Create the deployment's functions on a backend that keeps them (no teardown). If
+    that fails, what this command made goes: the functions created so far and the weights
+    it uploaded (a half-made deployment only costs money)."""
     from moefleet.runtime.base import create_backend
-    from moefleet.runtime.deploy import install
+    from moefleet.runtime.deploy import install, remove_objects
 
-    backend = create_backend(backend_name, platform, store=dep.store)
-    return len(install(dep, backend))
+    backend = None
+    try:
+        backend = create_backend(backend_name, platform, store=dep.store)
+        return len(install(dep, backend))
+    except BaseException:
+        try:
+            if backend is not None:
+                backend.teardown()
+            remove_objects(dep, store)
+        except Exception as err:  # the first error is the one to report
+            log.warning("could not clean up the failed deployment %s: %s", dep.prefix, err)
+        raise
 
 
 def deploy_cmd(
@@ -87,10 +112,11 @@ def deploy_cmd(
     Example: moefleet deploy plan.yaml --store /tmp/moefleet-store -o deployment.json
     """
     installed = 0
-    with user_errors():
-        dep, _, platform, _ = _deploy(plan, backend, store or _default_store(), as_json)
+    with user_errors(), _stdout_to_stderr():
+        dep, _, platform, object_store = _deploy(plan, backend, store or _default_store(),
+                                                 as_json)
         if _persistent(backend):
-            installed = _install_persistent(dep, backend, platform)
+            installed = _install_persistent(dep, backend, platform, object_store)
         dep.save(out)
     summary = {"deployment": str(out), "store": dep.store, "prefix": dep.prefix,
                "functions": len(dep.functions), "bytes_uploaded": dep.layout.bytes_uploaded,
@@ -128,7 +154,7 @@ def run_cmd(
 
     Example: moefleet run --plan plan.yaml --dataset wikitext2 --tokens 512 -o results.json
     """
-    with user_errors():
+    with user_errors(), _stdout_to_stderr():
         if (deployment is None) == (plan is None):
             raise MoefleetError("pass exactly one of --deployment and --plan",
                                 "e.g. moefleet run --plan plan.yaml")
@@ -164,15 +190,17 @@ def _run(deployment: Path | None, plan: Path | None, dataset: str, tokens: int,
     else:
         assert plan is not None
         dep, adapter, platform, store = _deploy(plan, backend_name, store_url, json_mode)
-    name, split = split_dataset(dataset)
-    prompts = load_prompts(name, split=split)
-    batches = make_batches(adapter, [p.request_id for p in prompts], [p.text for p in prompts],
-                           max_tokens=tokens, max_length=max_length, batch_size=batch_size)
     options: dict[str, Any] = {"store": dep.store}
     if workers is not None:
         options["workers"] = workers
-    backend = create_backend(backend_name, platform, **options)
-    try:
+    backend = None
+    try:  # with --plan, a bad dataset or backend setup leaves no weights behind either
+        name, split = split_dataset(dataset)
+        prompts = load_prompts(name, split=split)
+        batches = make_batches(adapter, [p.request_id for p in prompts],
+                               [p.text for p in prompts], max_tokens=tokens,
+                               max_length=max_length, batch_size=batch_size)
+        backend = create_backend(backend_name, platform, **options)
         install(dep, backend)
         with Executor(dep, backend, store, platform) as executor, progress() as bar:
             task = bar.add_task(f"running {dep.model} on {backend_name}", total=len(batches))
@@ -180,7 +208,8 @@ def _run(deployment: Path | None, plan: Path | None, dataset: str, tokens: int,
                 executor, batches, reference=adapter if check else None,
                 progress=lambda done, total: bar.update(task, completed=done, total=total))
     finally:
-        backend.teardown()
+        if backend is not None:
+            backend.teardown()
         if plan is not None:
             remove_objects(dep, store)
     summary["dataset"] = dataset

@@ -103,20 +103,41 @@ def _split_requests(trace: Any, first_tokens: int) -> tuple[Any, Any]:
             Trace(trace.table.filter(pc.invert(mask)), trace.meta))
 
 
-def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
-             bo_progress: Callable[[int, int, float], None] | None = None) -> dict[str, Any]:
-    """Run every stage; returns the report dict (also written by the caller)."""
+@dataclass
+class Prepared:
+    """Stages 1-4: everything BO and the comparison need (see the module doc)."""
+
+    adapter: Any
+    summary: Any
+    profile: Any
+    spec: Any
+    predictor: Any  # BayesPredictor fitted on the first part of the train trace
+    bo_batches: list[Any]  # BOBatch
+    workload: Any  # BOBatch of the test workload
+    work_trace: Any
+    slo_s: float
+
+    def problem(self, counts: np.ndarray, tokens: int) -> Any:  # -> PlanningProblem
+        from moefleet.plan import PlanningProblem
+
+        return PlanningProblem.from_summary(self.summary, self.profile, self.spec, counts,
+                                            self.slo_s, tokens=tokens)
+
+    def template(self) -> Any:
+        tokens = int(np.mean([b.tokens for b in self.bo_batches]))
+        return self.problem(self.bo_batches[0].real_LE, tokens)
+
+
+def prepare(cfg: DemoConfig, say: Say = print) -> Prepared:
+    """Model, compute profile, routing traces, fitted predictor, batches and the SLO."""
     from moefleet.models import load_adapter
-    from moefleet.plan import LambdaMLPlanner, OdsPlanner, PlanningProblem, cpu_cluster_cost
-    from moefleet.plan.bo import BayesOpt, BOConfig
-    from moefleet.plan.bo_eval import apply_rules, batches_from_trace, counts_for_plan
+    from moefleet.plan import LambdaMLPlanner, PlanningProblem
+    from moefleet.plan.bo_eval import batches_from_trace, counts_for_plan
     from moefleet.platform import load_platform
     from moefleet.predict.base import ModelShape
     from moefleet.predict.bayes import BayesPredictor
     from moefleet.profiles.cache import profile_for
-    from moefleet.traces import write_trace
 
-    t_start = time.perf_counter()
     adapter = load_adapter(cfg.model)
     summary = adapter.summary()
     prof = profile_for(cfg.model)
@@ -126,35 +147,46 @@ def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
                      cfg.fit_tokens + cfg.bo_batches * cfg.batch_tokens, cfg.max_length, say)
     work = _profile(adapter, "wikitext2:test", cfg.workload_tokens, cfg.max_length, say)
     fit_trace, bo_trace = _split_requests(train, cfg.fit_tokens)
-    write_trace(work, out_dir / "workload_trace.parquet")
     shape = ModelShape.from_trace(fit_trace)
     predictor = BayesPredictor().fit(fit_trace)
     bo_batches = batches_from_trace(bo_trace, shape, cfg.batch_tokens, cfg.bo_batches)
     (workload,) = batches_from_trace(work, shape, work.num_tokens, 1)
     say(f"predictor fitted on {fit_trace.num_tokens:,} tokens; BO batches "
         f"{[b.tokens for b in bo_batches]}; workload {workload.tokens:,} tokens")
-
     spec = load_platform(cfg.platform)
-
-    def problem(counts: np.ndarray, tokens: int, slo: float) -> PlanningProblem:
-        return PlanningProblem.from_summary(summary, prof, spec, counts, slo, tokens=tokens)
-
-    pred_work = predictor.predict_counts(workload.requests)
     slo = cfg.slo_s
     if slo is None:
-        probe = problem(counts_for_plan(pred_work), workload.tokens, 1e6)
+        pred = counts_for_plan(predictor.predict_counts(workload.requests))
+        probe = PlanningProblem.from_summary(summary, prof, spec, pred, 1e6,
+                                             tokens=workload.tokens)
         slo = LambdaMLPlanner().plan(probe).predicted["latency_s"] / (1 - THROUGHPUT_LOSS)
     say(f"SLO {slo:.3f} s end to end ({cfg.platform})")
-    template = problem(bo_batches[0].real_LE, int(np.mean([b.tokens for b in bo_batches])),
-                       slo)
+    return Prepared(adapter, summary, prof, spec, predictor, bo_batches, workload, work, slo)
+
+
+def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
+             bo_progress: Callable[[int, int, float], None] | None = None) -> dict[str, Any]:
+    """Run every stage; returns the report dict (also written by the caller)."""
+    from moefleet.plan import LambdaMLPlanner, OdsPlanner, cpu_cluster_cost
+    from moefleet.plan.bo import BayesOpt, BOConfig
+    from moefleet.plan.bo_eval import apply_rules, counts_for_plan
+    from moefleet.platform import load_platform
+    from moefleet.traces import write_trace
+
+    t_start = time.perf_counter()
+    prep = prepare(cfg, say)
+    write_trace(prep.work_trace, out_dir / "workload_trace.parquet")
+    workload, slo = prep.workload, prep.slo_s
     bo_cfg = BOConfig(pairs=cfg.bo_pairs, max_iters=cfg.bo_iters, sampler=cfg.sampler,
                       seed=cfg.seed)
-    bo = BayesOpt(predictor, template, bo_batches, bo_cfg).run(progress=bo_progress)
+    bo = BayesOpt(prep.predictor, prep.template(), prep.bo_batches, bo_cfg).run(
+        progress=bo_progress)
     say(f"BO ({bo.sampler}, evaluator {bo.evaluator}): {bo.iterations} iterations in "
         f"{bo.wall_s:.1f} s, objective {bo.baseline.cost:.4g} -> {bo.best.cost:.4g} USD")
 
-    real = problem(workload.real_LE, workload.tokens, slo)
+    real = prep.problem(workload.real_LE, workload.tokens)
     ods = OdsPlanner()
+    pred_work = prep.predictor.predict_counts(workload.requests)
     with bo.applied() as adjusted:
         pred_bo = adjusted.predict_counts(workload.requests)
     plans: dict[str, Any] = {}
@@ -172,7 +204,7 @@ def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
                       "added_replicas": out.added_replicas,
                       "throughput_tokens_per_s": workload.tokens / est.latency_s}
         out.plan.save(out_dir / f"plan_{name}.yaml")
-    cluster = cpu_cluster_cost(real, prof, load_platform(cfg.cluster))
+    cluster = cpu_cluster_cost(real, prep.profile, load_platform(cfg.cluster))
     rows["cpu_cluster"] = {"kind": "cluster", "cost_usd": cluster.cost_usd,
                            "moe_prorated_usd": cluster.moe_prorated_usd,
                            "latency_s": cluster.wall_s, "slo_met": cluster.wall_s <= slo,
@@ -180,16 +212,15 @@ def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
     if cfg.run:
         for name in ("bo", "oracle", "unadjusted", "lambdaml"):
             say(f"deploying the {name} plan on the local backend and running the workload")
-            rows[name]["measured"] = measure(out_dir / f"plan_{name}.yaml", adapter, spec,
-                                             work, cfg)
-    report = {
+            rows[name]["measured"] = measure(out_dir / f"plan_{name}.yaml", prep.adapter,
+                                             prep.spec, prep.work_trace, cfg)
+    return {
         "model": cfg.model, "platform": cfg.platform, "cluster": cfg.cluster,
         "slo_s": slo, "workload": {"dataset": "wikitext2:test", "tokens": workload.tokens},
         "bo": bo.summary(), "bo_history": bo.history, "plans": rows,
         "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
         "wall_s": time.perf_counter() - t_start,
     }
-    return report
 
 
 def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, cfg: DemoConfig,

@@ -15,15 +15,19 @@ Duration``), falling back to the handler's own timings. Limits are measured on t
 event and result, as Lambda does (base64 included): a packet above ~4.5 MB of the 6 MB
 limit does not fit, so handlers get :attr:`AwsBackend.max_inline_bytes` as their budget.
 
-Invokers: ``"lambda"`` calls Lambda's ``Invoke`` API (real AWS, or a Lambda emulator that
-runs code). ``"in-process"`` (tests; moto's invoke needs Docker) emulates the data plane on
-this machine (:mod:`moefleet.runtime.aws_inprocess`): the uploaded zip's entry point runs
+Invokers (``invoker=``, default env ``MOEFLEET_AWS_INVOKER``, else ``"lambda"``; the CLI
+takes no backend options, so ``moefleet run`` picks one by that variable): ``"lambda"``
+calls Lambda's ``Invoke`` API (real AWS, or a Lambda emulator that runs code).
+``"in-process"`` (tests; moto's invoke needs Docker) emulates the data plane on this
+machine (:mod:`moefleet.runtime.aws_inprocess`): the uploaded zip's entry point runs
 in forked processes on the real event JSON, while every deploy call and all S3 traffic go
-to the configured endpoint over HTTP. Errors (both invokers): ``Unhandled`` ->
-:class:`HandlerError`; ``Sandbox.Timedout`` -> :class:`InvocationTimeoutError`;
-``Runtime.ExitError`` (the process died) and throttling/service errors are retried with
-backoff, then :class:`FunctionCrashedError` / :class:`ThrottledError` naming the function.
-``teardown`` deletes every function this backend deployed (created or updated).
+to the configured endpoint over HTTP (the environments get the caller's credentials and,
+where one is set, its endpoint as ``AWS_ENDPOINT_URL``: they live in the same cloud).
+Errors (both invokers): ``Unhandled`` -> :class:`HandlerError`; ``Sandbox.Timedout`` ->
+:class:`InvocationTimeoutError`; ``Runtime.ExitError`` (the process died) and
+throttling/service errors are retried with backoff, then :class:`FunctionCrashedError` /
+:class:`ThrottledError` naming the function. ``teardown`` deletes every function this
+backend deployed (created or updated).
 """
 
 from __future__ import annotations
@@ -91,7 +95,9 @@ class AwsBackend(FunctionBackend):
     the store URL the handlers use (``s3://bucket/prefix``); the code zip goes to
     ``code_bucket`` (default: the store's bucket) unless ``image_uri`` names a container
     image. ``role_arn`` is the execution role (env ``MOEFLEET_AWS_ROLE_ARN``).
-    ``endpoint_url`` points boto3 at another endpoint (moto). ``session`` is a ready
+    ``endpoint_url`` points boto3 at another endpoint (moto; default: boto3's own choice,
+    e.g. ``AWS_ENDPOINT_URL``). ``invoker``: see the module docstring (env
+    ``MOEFLEET_AWS_INVOKER``). ``session`` is a ready
     ``boto3.Session`` (credentials); ``layers`` are layer ARNs for zip functions."""
 
     name = "aws"
@@ -105,7 +111,7 @@ class AwsBackend(FunctionBackend):
         endpoint_url: str | None = None,
         role_arn: str | None = None,
         runtime: str = "python3.11",
-        invoker: Literal["lambda", "in-process"] = "lambda",
+        invoker: Literal["lambda", "in-process"] | None = None,
         max_retries: int = 2,
         retry_backoff_s: float = 0.05,
         function_prefix: str = "moefleet-",
@@ -134,9 +140,12 @@ class AwsBackend(FunctionBackend):
             self.store_url[5:].split("/")[0].split("?")[0]
             if self.store_url and self.store_url.startswith("s3://") else None)
         self.store_retries = store_retries
-        if invoker not in ("lambda", "in-process"):
-            raise MoefleetError(f"unknown invoker {invoker!r}", "use 'lambda' or 'in-process'")
-        if invoker == "in-process" and self.image_uri:
+        chosen = invoker or os.environ.get("MOEFLEET_AWS_INVOKER") or "lambda"
+        if chosen not in ("lambda", "in-process"):
+            raise MoefleetError(f"unknown invoker {chosen!r}",
+                                "use 'lambda' or 'in-process' (invoker= or "
+                                "MOEFLEET_AWS_INVOKER)")
+        if chosen == "in-process" and self.image_uri:
             raise MoefleetError("the in-process invoker runs the zip, not a container image",
                                 "use invoker='lambda' with image_uri, or drop image_uri")
         limits = self.platform.limits
@@ -152,16 +161,22 @@ class AwsBackend(FunctionBackend):
         self._code: dict[str, str] | None = None
         self._counters = {"retries": 0, "timeouts": 0, "cold_starts": 0, "crashes": 0}
         self._sandbox: Any = None
-        if invoker == "in-process":
+        if chosen == "in-process":
             from moefleet.runtime.aws_inprocess import InProcessInvoker
 
-            # Lambda gives an environment its role's credentials; here: the caller's.
+            # Lambda gives an environment its role's credentials; here: the caller's. And
+            # the endpoint this backend talks to, if not AWS's: a store URL without
+            # ?endpoint= (e.g. with AWS_ENDPOINT_URL set) must reach the same S3 there.
             creds = session.get_credentials()
             frozen = creds.get_frozen_credentials() if creds is not None else None
-            self._sandbox = InProcessInvoker(self._api.lambda_, self._api.s3, region, {
-                "AWS_ACCESS_KEY_ID": frozen.access_key, "AWS_SECRET_ACCESS_KEY": frozen.secret_key,
-                **({"AWS_SESSION_TOKEN": frozen.token} if frozen.token else {}),
-            } if frozen is not None else {})
+            env = {"AWS_ACCESS_KEY_ID": frozen.access_key,
+                   "AWS_SECRET_ACCESS_KEY": frozen.secret_key,
+                   **({"AWS_SESSION_TOKEN": frozen.token} if frozen.token else {}),
+                   } if frozen is not None else {}
+            endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+            if endpoint:
+                env["AWS_ENDPOINT_URL"] = endpoint
+            self._sandbox = InProcessInvoker(self._api.lambda_, self._api.s3, region, env)
 
     # -- helpers ---------------------------------------------------------------------------
     def function_name(self, name: str) -> str:
