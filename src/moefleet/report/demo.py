@@ -1,6 +1,7 @@
 """The demo's report: a terminal table and a two-panel PNG (ODS/BO Fig. 14 analogue).
 
-Rows: the serverless plans (BO, oracle, unadjusted, LambdaML) and the CPU cluster.
+Rows: the serverless plans (BO, oracle = ODS on the workload's real counts, unadjusted =
+ODS on the predictor's counts without BO, LambdaML) and the CPU cluster.
 Columns: MoE cost by the analytical model on the workload's real routing, the bill the
 local runtime measured for the same workload, throughput (model and measured), whether
 the plan meets the SLO, and cost relative to the oracle plan.
@@ -16,7 +17,7 @@ from rich.table import Table
 from moefleet.io import atomic_path
 
 ORDER = ("bo", "oracle", "unadjusted", "lambdaml", "cpu_cluster")
-LABELS = {"bo": "BO + ODS", "oracle": "oracle (real counts)", "unadjusted": "ODS, unadjusted",
+LABELS = {"bo": "BO + ODS", "oracle": "oracle", "unadjusted": "unadjusted",
           "lambdaml": "LambdaML", "cpu_cluster": "CPU cluster"}
 
 
@@ -30,8 +31,8 @@ def demo_table(report: dict[str, Any]) -> Table:
     t = Table(title=f"{report['model']} on {report['platform']}: "
                     f"{report['workload']['tokens']:,} tokens of {report['workload']['dataset']}"
                     f", SLO {report['slo_s']:.2f} s")
-    for col in ("plan", "MoE cost (model) USD", "× oracle", "latency s", "SLO",
-                "measured MoE bill USD", "measured tokens/s"):
+    for col in ("plan", "MoE $ model", "×oracle", "lat. s", "SLO", "MoE $ run",
+                "tok/s run"):
         t.add_column(col, justify="right" if col != "plan" else "left")
     for key, row in _rows(report):
         cost = row["moe_prorated_usd"] if key == "cpu_cluster" else row["cost_usd"]
