@@ -68,10 +68,20 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=1000)
     ap.add_argument("--samplers", default=",".join(SAMPLERS))
     ap.add_argument("--quick", action="store_true", help="the demo's --quick sizes")
+    ap.add_argument("--batch-tokens", type=int, default=None, help="BO batch size")
+    ap.add_argument("--bo-batches", type=int, default=None, help="number of BO batches")
+    ap.add_argument("--slo-scale", type=float, default=1.0,
+                    help="multiply the default SLO (LambdaML latency / (1 - 0.1876))")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
-    cfg = DemoConfig.quick(model=args.model) if args.quick else DemoConfig(model=args.model)
+    sizes: dict[str, Any] = {"model": args.model}
+    if args.batch_tokens:
+        sizes.update(batch_tokens=args.batch_tokens, workload_tokens=args.batch_tokens)
+    if args.bo_batches:
+        sizes["bo_batches"] = args.bo_batches
+    cfg = DemoConfig.quick(**sizes) if args.quick else DemoConfig(**sizes)
     prep = prepare(cfg, say=lambda m: print(m, file=sys.stderr))
+    prep.slo_s *= args.slo_scale
     oracle_in = in_sample_oracle(prep)
     runs: dict[str, list[dict[str, Any]]] = {}
     for name in args.samplers.split(","):
@@ -103,6 +113,7 @@ def main() -> None:
     result = {
         "model": args.model, "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
         "pairs": args.pairs, "iters": args.iters, "seeds": args.seeds,
+        "slo_scale": args.slo_scale,
         "evaluator": "analytical", "slo_s": prep.slo_s, "oracle_in_sample_usd": oracle_in,
         "unadjusted_held_out": held_out(prep, None, BOConfig().margin),
         "summary": summary, "runs": runs,
