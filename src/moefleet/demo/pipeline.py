@@ -146,10 +146,22 @@ def prepare(cfg: DemoConfig, say: Say = print) -> Prepared:
     train = _profile(adapter, "wikitext2:train",
                      cfg.fit_tokens + cfg.bo_batches * cfg.batch_tokens, cfg.max_length, say)
     work = _profile(adapter, "wikitext2:test", cfg.workload_tokens, cfg.max_length, say)
-    fit_trace, bo_trace = _split_requests(train, cfg.fit_tokens)
+    fit_tokens, batch_tokens = cfg.fit_tokens, cfg.batch_tokens
+    wanted = cfg.fit_tokens + cfg.bo_batches * cfg.batch_tokens
+    if train.num_tokens < wanted:
+        # A bare checkout carries only an excerpt of wikitext2: keep the proportions.
+        share = train.num_tokens / wanted
+        fit_tokens, batch_tokens = int(fit_tokens * share), max(1, int(batch_tokens * share))
+        say(f"note: wikitext2:train has {train.num_tokens:,} tokens here, not {wanted:,} "
+            f"(is ../shared/data beside the checkout?); scaled to {fit_tokens:,} for the "
+            f"predictor and BO batches of {batch_tokens:,}")
+    if work.num_tokens < cfg.workload_tokens:
+        say(f"note: the workload has {work.num_tokens:,} tokens, not {cfg.workload_tokens:,} "
+            "(the embedded wikitext2 excerpt is small; ../shared/data has the full split)")
+    fit_trace, bo_trace = _split_requests(train, fit_tokens)
     shape = ModelShape.from_trace(fit_trace)
     predictor = BayesPredictor().fit(fit_trace)
-    bo_batches = batches_from_trace(bo_trace, shape, cfg.batch_tokens, cfg.bo_batches)
+    bo_batches = batches_from_trace(bo_trace, shape, batch_tokens, cfg.bo_batches)
     (workload,) = batches_from_trace(work, shape, work.num_tokens, 1)
     say(f"predictor fitted on {fit_trace.num_tokens:,} tokens; BO batches "
         f"{[b.tokens for b in bo_batches]}; workload {workload.tokens:,} tokens")
