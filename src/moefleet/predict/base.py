@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
@@ -78,6 +78,22 @@ def as_requests(requests: Sequence[RequestLike]) -> list[Request]:
             )
         out.append(Request(rid, tuple(int(t) for t in arr.tolist()), text))
     return out
+
+
+def token_array(requests: Iterable[Request]) -> np.ndarray:
+    """Every token id of ``requests``, request after request, as one int64 array."""
+    return np.fromiter((t for r in requests for t in r.token_ids), np.int64)
+
+
+def add_topk_counts(
+    counts_LE: np.ndarray, layer_U: np.ndarray, top_UK: np.ndarray, mult_U: np.ndarray
+) -> None:
+    """Add ``mult_U[u]`` to each expert of ``top_UK[u]`` in layer ``layer_U[u]``, in place.
+
+    ``u`` indexes unique (layer, context) rows; ``mult_U`` is how many tokens share one.
+    """
+    k = top_UK.shape[1]
+    np.add.at(counts_LE, (np.repeat(layer_U, k), top_UK.reshape(-1)), np.repeat(mult_U, k))
 
 
 @dataclass(frozen=True)
@@ -259,6 +275,11 @@ class ExpertPredictor(ABC):
                 f"{type(self).__name__} is not fitted", "call .fit(trace) or load a saved one"
             )
         return self.shape
+
+    def _zero_counts_and_tokens(self, requests: list[Request]) -> tuple[np.ndarray, np.ndarray]:
+        """A zero counts_LE of the fitted shape and :func:`token_array` of ``requests``."""
+        shape = self._require_fitted()
+        return np.zeros((shape.num_layers, shape.max_experts)), token_array(requests)
 
     def _check_k(self, k: int) -> None:
         shape = self._require_fitted()

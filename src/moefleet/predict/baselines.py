@@ -19,7 +19,13 @@ import numpy as np
 
 from moefleet.predict._sparse import SparseRows
 from moefleet.predict._trace import TraceArrays
-from moefleet.predict.base import ExpertPredictor, ModelShape, Request, register_kind
+from moefleet.predict.base import (
+    ExpertPredictor,
+    ModelShape,
+    Request,
+    add_topk_counts,
+    register_kind,
+)
 from moefleet.predict.table import MAX_TOKEN, TOKEN_BITS
 from moefleet.traces.schema import Trace
 
@@ -80,14 +86,11 @@ class LinaPredictor(ExpertPredictor):
 
     def _predict_counts(self, requests: list[Request]) -> np.ndarray:
         assert self.shape is not None
-        L, E, K = self.shape.num_layers, self.shape.max_experts, self.shape.top_k
-        counts_LE = np.zeros((L, E))
-        tok = np.fromiter((t for r in requests for t in r.token_ids), np.int64)
+        counts_LE, tok = self._zero_counts_and_tokens(requests)
         if tok.size == 0:
             return counts_LE
-        li, top, inv = self._top(tok, K)
-        mult = np.bincount(inv, minlength=li.size).astype(np.float64)
-        np.add.at(counts_LE, (np.repeat(li, K), top.reshape(-1)), np.repeat(mult, K))
+        li, top, inv = self._top(tok, self.shape.top_k)
+        add_topk_counts(counts_LE, li, top, np.bincount(inv, minlength=li.size).astype(np.float64))
         return counts_LE
 
     def _state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

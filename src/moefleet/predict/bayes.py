@@ -61,7 +61,14 @@ import numpy as np
 from moefleet.errors import DataError
 from moefleet.predict._sparse import SparseRows
 from moefleet.predict._trace import TraceArrays
-from moefleet.predict.base import ExpertPredictor, ModelShape, Request, register_kind
+from moefleet.predict.base import (
+    ExpertPredictor,
+    ModelShape,
+    Request,
+    add_topk_counts,
+    register_kind,
+    token_array,
+)
 from moefleet.predict.table import (
     MAX_POSITION,
     MAX_TOKEN,
@@ -177,7 +184,7 @@ class BayesPredictor(ExpertPredictor):
             return token  # too few requests to hold any out
         head = Trace(trace.table.filter(np.isin(ta.req_idx_N, np.arange(n_fit))), trace.meta)
         held = ta.requests()[n_fit:]
-        tok = np.fromiter((t for r in held for t in r.token_ids), np.int64)
+        tok = token_array(held)
         pos = np.concatenate([np.arange(r.num_tokens) for r in held])
         ids_LTK = np.concatenate(ta.request_expert_ids()[n_fit:], axis=1)
         # y_LTE: 1 where the expert was among the token's real top-K.
@@ -311,9 +318,8 @@ class BayesPredictor(ExpertPredictor):
 
     def _predict_counts(self, requests: list[Request]) -> np.ndarray:
         assert self.shape is not None
-        L, E, K = self.shape.num_layers, self.shape.max_experts, self.shape.top_k
-        counts_LE = np.zeros((L, E))
-        tok = np.fromiter((t for r in requests for t in r.token_ids), np.int64)
+        K = self.shape.top_k
+        counts_LE, tok = self._zero_counts_and_tokens(requests)
         if tok.size == 0:
             return counts_LE
         pos = np.concatenate([np.arange(r.num_tokens) for r in requests])
@@ -322,8 +328,7 @@ class BayesPredictor(ExpertPredictor):
         if self.counts == "expected":
             np.add.at(counts_LE, li, K * mult_U[:, None] * post)
         else:
-            top_UK = self._topk_unique(post, K)
-            np.add.at(counts_LE, (np.repeat(li, K), top_UK.reshape(-1)), np.repeat(mult_U, K))
+            add_topk_counts(counts_LE, li, self._topk_unique(post, K), mult_U)
         return counts_LE
 
     # -- persistence -----------------------------------------------------------------

@@ -39,7 +39,6 @@ import math
 import os
 import re
 import threading
-import time
 import uuid
 from dataclasses import replace
 from typing import Any, Literal
@@ -74,6 +73,7 @@ from moefleet.runtime.errors import (
     PayloadTooLargeError,
     ThrottledError,
 )
+from moefleet.runtime.retry import call_with_retries
 
 log = logging.getLogger(__name__)
 _ENV_LIMIT = 4096  # Lambda: all environment variables of a function, in bytes
@@ -277,28 +277,32 @@ class AwsBackend(FunctionBackend):
         fn = self.function_name(name)
         event = encode_event(payload, request_id)
         check_payload(name, len(event), self._limit, "request")
-        last: Retry | None = None
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                time.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
-                with self._lock:
-                    self._counters["retries"] += 1
-            try:
-                response = self._send(name, fn, event, spec)
-                return self._result(name, spec, payload, request_id, response)
-            except Retry as err:
-                last = err
-                with self._lock:
-                    self._counters["crashes"] += int(err.crashed)
+
+        def failed(err: Retry) -> None:
+            with self._lock:
+                self._counters["crashes"] += int(err.crashed)
             self._check_open()
-        assert last is not None
-        if last.crashed:
-            raise FunctionCrashedError(
-                f"{name}: Lambda function {fn} crashed during {self.max_retries + 1} attempts "
-                f"({last})", "check the handler for hard crashes (os._exit, out of memory)")
-        raise ThrottledError(f"{name}: Lambda function {fn} was not invoked after "
-                             f"{self.max_retries + 1} attempts: {last}",
-                             "raise the account's concurrency, or retry later")
+
+        def gave_up(last: Retry | None) -> FunctionError:
+            assert last is not None
+            if last.crashed:
+                return FunctionCrashedError(
+                    f"{name}: Lambda function {fn} crashed during {self.max_retries + 1} "
+                    f"attempts ({last})",
+                    "check the handler for hard crashes (os._exit, out of memory)")
+            return ThrottledError(f"{name}: Lambda function {fn} was not invoked after "
+                                  f"{self.max_retries + 1} attempts: {last}",
+                                  "raise the account's concurrency, or retry later")
+
+        return call_with_retries(
+            lambda: self._result(name, spec, payload, request_id,
+                                 self._send(name, fn, event, spec)), Retry,
+            max_retries=self.max_retries, backoff_s=self.retry_backoff_s,
+            on_retry=self._count_retry, on_failure=failed, exhausted=gave_up)
+
+    def _count_retry(self) -> None:
+        with self._lock:
+            self._counters["retries"] += 1
 
     def _send(self, name: str, fn: str, event: bytes, spec: FunctionSpec) -> dict[str, Any]:
         """One attempt: a boto3-shaped ``invoke`` response with ``Payload`` as bytes."""

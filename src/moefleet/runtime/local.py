@@ -44,19 +44,21 @@ from moefleet.runtime.base import (
     FunctionSpec,
     InvokeResult,
     check_payload,
+    crashed_error,
     payload_limit,
+    reply_handler_error,
+    reply_record,
+    timeout_error,
     validate_spec,
 )
 from moefleet.runtime.errors import (
     BackendClosedError,
-    FunctionCrashedError,
-    HandlerError,
-    InvocationTimeoutError,
     ThrottledError,
     UnknownFunctionError,
 )
 from moefleet.runtime.local_pool import Call, Worker, WorkerPool, default_workers, process_memory_mb
 from moefleet.runtime.local_worker import send_msg
+from moefleet.runtime.retry import call_with_retries
 
 _TICK_S = 0.05  # housekeeping period (deadlines, keep-alive)
 
@@ -218,20 +220,15 @@ class LocalBackend(FunctionBackend):
     def invoke(self, name: str, payload: bytes, *, request_id: str | None = None) -> InvokeResult:
         self._check_open()
         check_payload(name, len(payload), self._limit, "request")
-        for attempt in range(self.max_retries + 1):
-            try:
-                return self._attempt(name, payload, request_id)
-            except _Lost:
-                if attempt == self.max_retries:
-                    break
-                with self._cond:
-                    self._counters["retries"] += 1
-                time.sleep(self.retry_backoff_s * 2 ** attempt)
-        raise FunctionCrashedError(
-            f"{name}: the instance crashed during {self.max_retries + 1} attempts "
-            "(worker process died)",
-            "check the handler for hard crashes (segfault, os._exit, out of memory)",
-        )
+        return call_with_retries(
+            lambda: self._attempt(name, payload, request_id), _Lost,
+            max_retries=self.max_retries, backoff_s=self.retry_backoff_s,
+            on_retry=self._count_retry,
+            exhausted=lambda _: crashed_error(name, self.max_retries + 1, "worker process"))
+
+    def _count_retry(self) -> None:
+        with self._cond:
+            self._counters["retries"] += 1
 
     def _function(self, name: str) -> _Function:
         if name not in self._functions:
@@ -305,9 +302,7 @@ class LocalBackend(FunctionBackend):
             self._cond.notify_all()
             if call.timed_out or not finished:
                 self._counters["timeouts"] += 1
-                raise InvocationTimeoutError(
-                    f"{name}: invocation ran past timeout_s={spec.timeout_s:g} s; "
-                    "its instance was stopped", "raise timeout_s or send less work per call")
+                raise timeout_error(name, spec.timeout_s)
             if call.lost or call.reply is None:
                 raise _Lost()
             reply = call.reply
@@ -316,18 +311,11 @@ class LocalBackend(FunctionBackend):
                     self._retire(fn, inst)
                 else:
                     inst.loaded = True
-                raise HandlerError(
-                    f"{name}: {reply['phase']} failed: {reply['type']}: {reply['message']}",
-                    reply.get("hint") or "see the handler's error above",
-                    remote_type=reply["type"], phase=reply["phase"])
+                raise reply_handler_error(name, reply)
             inst.loaded = True
         check_payload(name, len(call.body), self._limit, "response")
-        record = InvocationRecord(
-            function=name, kind=spec.kind, memory_mb=spec.memory_mb,
-            start_s=reply["start"], end_s=max(reply["end"], reply["start"]),
-            layer=spec.layer, expert=spec.expert, request_id=request_id, vcpus=spec.vcpus,
-            init_s=reply["init_s"], cold=reply["cold"], bytes_in=len(payload),
-            bytes_out=len(call.body), storage_puts=reply["puts"], storage_gets=reply["gets"])
+        record = reply_record(spec, reply, request_id=request_id, bytes_in=len(payload),
+                              bytes_out=len(call.body))
         with self._cond:
             self._records.append(record)
             self._counters["cold_starts"] += int(record.cold)

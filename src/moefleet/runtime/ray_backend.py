@@ -52,18 +52,20 @@ from moefleet.runtime.base import (
     FunctionSpec,
     InvokeResult,
     check_payload,
+    crashed_error,
     payload_limit,
+    reply_handler_error,
+    reply_record,
+    timeout_error,
     validate_spec,
 )
 from moefleet.runtime.errors import (
     BackendClosedError,
-    FunctionCrashedError,
     FunctionError,
-    HandlerError,
-    InvocationTimeoutError,
     UnknownFunctionError,
 )
 from moefleet.runtime.ray_replica import FunctionReplica
+from moefleet.runtime.retry import call_with_retries
 
 CPU_OVERSUBSCRIPTION = 16  # logical CPUs per core of a local node (see module docstring)
 _SERVE_NAMESPACE = "serve"  # where Serve creates replica actors (named SERVE_REPLICA::...)
@@ -264,20 +266,15 @@ class RayBackend(FunctionBackend):
     def invoke(self, name: str, payload: bytes, *, request_id: str | None = None) -> InvokeResult:
         self._check_open()
         check_payload(name, len(payload), self._limit, "request")
-        for attempt in range(self.max_retries + 1):
-            try:
-                return self._attempt(self._function(name), payload, request_id)
-            except _Lost:
-                self._check_open()
-                if attempt == self.max_retries:
-                    break
-                with self._lock:
-                    self._counters["retries"] += 1
-                time.sleep(self.retry_backoff_s * 2 ** attempt)
-        raise FunctionCrashedError(
-            f"{name}: the instance crashed during {self.max_retries + 1} attempts "
-            "(replica process died)",
-            "check the handler for hard crashes (segfault, os._exit, out of memory)")
+        return call_with_retries(
+            lambda: self._attempt(self._function(name), payload, request_id), _Lost,
+            max_retries=self.max_retries, backoff_s=self.retry_backoff_s,
+            on_retry=self._count_retry, on_failure=lambda _: self._check_open(),
+            exhausted=lambda _: crashed_error(name, self.max_retries + 1, "replica process"))
+
+    def _count_retry(self) -> None:
+        with self._lock:
+            self._counters["retries"] += 1
 
     def _attempt(self, fn: _Function, payload: bytes, request_id: str | None) -> InvokeResult:
         from ray import exceptions as rex
@@ -314,17 +311,10 @@ class RayBackend(FunctionBackend):
             self._kill(reply.get("actor"))
             self._timed_out(spec)
         if status == "error":
-            raise HandlerError(
-                f"{spec.name}: {reply['phase']} failed: {reply['type']}: {reply['message']}",
-                reply.get("hint") or "see the handler's error above",
-                remote_type=reply["type"], phase=reply["phase"])
+            raise reply_handler_error(spec.name, reply)
         check_payload(spec.name, int(reply.get("nbytes", len(body))), self._limit, "response")
-        record = InvocationRecord(
-            function=spec.name, kind=spec.kind, memory_mb=spec.memory_mb,
-            start_s=reply["start"], end_s=max(reply["end"], reply["start"]),
-            layer=spec.layer, expert=spec.expert, request_id=request_id, vcpus=spec.vcpus,
-            init_s=reply["init_s"], cold=reply["cold"], bytes_in=len(payload),
-            bytes_out=len(body), storage_puts=reply["puts"], storage_gets=reply["gets"])
+        record = reply_record(spec, reply, request_id=request_id, bytes_in=len(payload),
+                              bytes_out=len(body))
         with self._lock:
             self._records.append(record)
             self._counters["cold_starts"] += int(record.cold)
@@ -333,9 +323,7 @@ class RayBackend(FunctionBackend):
     def _timed_out(self, spec: FunctionSpec) -> None:
         with self._lock:
             self._counters["timeouts"] += 1
-        raise InvocationTimeoutError(
-            f"{spec.name}: invocation ran past timeout_s={spec.timeout_s:g} s; "
-            "its instance was stopped", "raise timeout_s or send less work per call")
+        raise timeout_error(spec.name, spec.timeout_s)
 
     @staticmethod
     def _kill(actor: str | None) -> None:

@@ -23,6 +23,8 @@ the training module), so training can go on after a conversion.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -30,23 +32,29 @@ from transformers import MixtralConfig, MixtralForCausalLM
 
 from moefleet.models.tinylm.model import ModelConfig, TinyMoELM
 
+# MixtralConfig field <- ModelConfig field, in both directions (``head_dim`` is derived on
+# our side, ``rope_theta`` lives in HF's ``rope_parameters``).
+_CONFIG_KEYS: tuple[tuple[str, str], ...] = (
+    ("vocab_size", "vocab_size"),
+    ("hidden_size", "hidden"),
+    ("intermediate_size", "ffn"),
+    ("num_hidden_layers", "layers"),
+    ("num_attention_heads", "heads"),
+    ("num_key_value_heads", "kv_heads"),
+    ("max_position_embeddings", "max_positions"),
+    ("rms_norm_eps", "rms_eps"),
+    ("num_local_experts", "experts"),
+    ("num_experts_per_tok", "top_k"),
+)
+
 
 def hf_config(cfg: ModelConfig, *, bos_id: int, eos_id: int, aux_coef: float) -> MixtralConfig:
     """The ``MixtralConfig`` of the same architecture (fp32, no sliding window)."""
     return MixtralConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden,
-        intermediate_size=cfg.ffn,
-        num_hidden_layers=cfg.layers,
-        num_attention_heads=cfg.heads,
-        num_key_value_heads=cfg.kv_heads,
+        **{hf: getattr(cfg, ours) for hf, ours in _CONFIG_KEYS},
         head_dim=cfg.head_dim,
         hidden_act="silu",
-        max_position_embeddings=cfg.max_positions,
-        rms_norm_eps=cfg.rms_eps,
         rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        num_local_experts=cfg.experts,
-        num_experts_per_tok=cfg.top_k,
         router_aux_loss_coef=aux_coef,
         tie_word_embeddings=False,
         sliding_window=None,
@@ -57,32 +65,50 @@ def hf_config(cfg: ModelConfig, *, bos_id: int, eos_id: int, aux_coef: float) ->
     )
 
 
-def hf_state_dict(model: TinyMoELM) -> dict[str, torch.Tensor]:
-    """Our weights under HF Mixtral names (cloned, contiguous, fp32)."""
+# The mapping of the module docstring, in both directions: HF name <- attribute path
+# under the model. ``_MODEL_KEYS`` are whole-model tensors.
+_MODEL_KEYS: tuple[tuple[str, str], ...] = (
+    ("model.embed_tokens.weight", "embed.weight"),
+    ("model.norm.weight", "norm.weight"),
+    ("lm_head.weight", "head.weight"),
+)
+# Per layer ``l``: HF name under ``model.layers.l.`` <- (path under ``blocks.l``, row block
+# of that tensor: 0/1/2 for the q/k/v rows of the fused ``wqkv``, None for all of it).
+_LAYER_KEYS: tuple[tuple[str, str, int | None], ...] = (
+    ("input_layernorm.weight", "attn_norm.weight", None),
+    ("self_attn.q_proj.weight", "attn.wqkv.weight", 0),
+    ("self_attn.k_proj.weight", "attn.wqkv.weight", 1),
+    ("self_attn.v_proj.weight", "attn.wqkv.weight", 2),
+    ("self_attn.o_proj.weight", "attn.wo.weight", None),
+    ("post_attention_layernorm.weight", "ffn_norm.weight", None),
+    ("mlp.gate.weight", "moe.gate.weight", None),
+    ("mlp.experts.gate_up_proj", "moe.w13_E2FD", None),
+    ("mlp.experts.down_proj", "moe.w2_EDF", None),
+)
+
+
+def _hf_views(model: TinyMoELM) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, our tensor or a row view of it) for every HF tensor, in HF order.
+
+    Views share storage with ``model``: read them to export, ``copy_`` into them (under
+    ``torch.no_grad``) to import.
+    """
     cfg = model.cfg
     q_rows, kv_rows = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-    out: dict[str, torch.Tensor] = {
-        "model.embed_tokens.weight": model.embed.weight,
-        "model.norm.weight": model.norm.weight,
-        "lm_head.weight": model.head.weight,
-    }
+    for name, path in _MODEL_KEYS:
+        yield name, attrgetter(path)(model)
     for i, block in enumerate(model.block_list):
         p = f"model.layers.{i}."
-        q, k, v = block.attn.wqkv.weight.split([q_rows, kv_rows, kv_rows], dim=0)
-        out.update(
-            {
-                p + "input_layernorm.weight": block.attn_norm.weight,
-                p + "self_attn.q_proj.weight": q,
-                p + "self_attn.k_proj.weight": k,
-                p + "self_attn.v_proj.weight": v,
-                p + "self_attn.o_proj.weight": block.attn.wo.weight,
-                p + "post_attention_layernorm.weight": block.ffn_norm.weight,
-                p + "mlp.gate.weight": block.moe.gate.weight,
-                p + "mlp.experts.gate_up_proj": block.moe.w13_E2FD,
-                p + "mlp.experts.down_proj": block.moe.w2_EDF,
-            }
-        )
-    return {name: t.detach().float().clone().contiguous() for name, t in out.items()}
+        for name, path, rows in _LAYER_KEYS:
+            t: torch.Tensor = attrgetter(path)(block)
+            if rows is not None:
+                t = t.split([q_rows, kv_rows, kv_rows], dim=0)[rows]
+            yield p + name, t
+
+
+def hf_state_dict(model: TinyMoELM) -> dict[str, torch.Tensor]:
+    """Our weights under HF Mixtral names (cloned, contiguous, fp32)."""
+    return {name: t.detach().float().clone().contiguous() for name, t in _hf_views(model)}
 
 
 def to_hf(
@@ -109,34 +135,11 @@ def _rope_theta(config: MixtralConfig) -> float:
 def from_hf(hf: MixtralForCausalLM) -> TinyMoELM:
     """The inverse of :func:`to_hf` (used to check that the mapping is a bijection)."""
     c = hf.config
-    cfg = ModelConfig(
-        vocab_size=c.vocab_size,
-        layers=c.num_hidden_layers,
-        hidden=c.hidden_size,
-        heads=c.num_attention_heads,
-        kv_heads=c.num_key_value_heads,
-        ffn=c.intermediate_size,
-        experts=c.num_local_experts,
-        top_k=c.num_experts_per_tok,
-        max_positions=c.max_position_embeddings,
-        rope_theta=_rope_theta(c),
-        rms_eps=c.rms_norm_eps,
-    )
+    cfg = ModelConfig(**{ours: getattr(c, hf) for hf, ours in _CONFIG_KEYS},
+                      rope_theta=_rope_theta(c))
     model = TinyMoELM(cfg)
     sd = hf.state_dict()
     with torch.no_grad():
-        model.embed.weight.copy_(sd["model.embed_tokens.weight"])
-        model.norm.weight.copy_(sd["model.norm.weight"])
-        model.head.weight.copy_(sd["lm_head.weight"])
-        for i, block in enumerate(model.block_list):
-            p = f"model.layers.{i}."
-            block.attn_norm.weight.copy_(sd[p + "input_layernorm.weight"])
-            block.attn.wqkv.weight.copy_(
-                torch.cat([sd[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], dim=0)
-            )
-            block.attn.wo.weight.copy_(sd[p + "self_attn.o_proj.weight"])
-            block.ffn_norm.weight.copy_(sd[p + "post_attention_layernorm.weight"])
-            block.moe.gate.weight.copy_(sd[p + "mlp.gate.weight"])
-            block.moe.w13_E2FD.copy_(sd[p + "mlp.experts.gate_up_proj"])
-            block.moe.w2_EDF.copy_(sd[p + "mlp.experts.down_proj"])
+        for name, t in _hf_views(model):
+            t.copy_(sd[name])
     return model.eval()
