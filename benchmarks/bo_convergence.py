@@ -70,11 +70,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the demo's --quick sizes")
     ap.add_argument("--batch-tokens", type=int, default=None, help="BO batch size")
     ap.add_argument("--bo-batches", type=int, default=None, help="number of BO batches")
+    ap.add_argument("--traffic", default=None,
+                    help="dataset of the BO batches and the workload (domain shift), e.g. c4")
     ap.add_argument("--slo-scale", type=float, default=1.0,
                     help="multiply the default SLO (LambdaML latency / (1 - 0.1876))")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
-    sizes: dict[str, Any] = {"model": args.model}
+    sizes: dict[str, Any] = {"model": args.model, "traffic": args.traffic}
     if args.batch_tokens:
         sizes.update(batch_tokens=args.batch_tokens, workload_tokens=args.batch_tokens)
     if args.bo_batches:
@@ -113,7 +115,7 @@ def main() -> None:
     result = {
         "model": args.model, "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
         "pairs": args.pairs, "iters": args.iters, "seeds": args.seeds,
-        "slo_scale": args.slo_scale,
+        "slo_scale": args.slo_scale, "traffic": args.traffic,
         "evaluator": "analytical", "slo_s": prep.slo_s, "oracle_in_sample_usd": oracle_in,
         "unadjusted_held_out": held_out(prep, None, BOConfig().margin),
         "summary": summary, "runs": runs,

@@ -29,6 +29,9 @@ def demo_cmd(
     sampler: Annotated[str, typer.Option(
         help="BO sampler: eps-gp | eps | single-eps | random | tpe.")] = "eps-gp",
     iterations: Annotated[int | None, typer.Option(help="BO iterations at most.")] = None,
+    traffic: Annotated[str | None, typer.Option(
+        help="Dataset for the BO batches and the workload (a domain shift from the "
+        "predictor's wikitext2), e.g. c4. Default: wikitext2.")] = None,
     run: Annotated[bool, typer.Option(
         help="Deploy each plan on the local backend and run the workload.")] = True,
     workers: Annotated[int | None, typer.Option(help="Local worker processes.")] = None,
@@ -55,12 +58,12 @@ def demo_cmd(
         if iterations is not None and iterations < 1:
             raise MoefleetError(f"--iterations must be >= 1, got {iterations}", "e.g. 20")
         opts = {"model": model, "platform": platform, "slo_s": slo, "sampler": sampler,
-                "run": run, "workers": workers}
+                "run": run, "workers": workers, "traffic": traffic}
         if iterations is not None:
             opts["bo_iters"] = iterations
         cfg = DemoConfig.quick(**opts) if quick else DemoConfig(**opts)  # type: ignore[arg-type]
         con.print(f"[bold]moefleet demo[/]: {model} on {platform}, workload "
-                  f"{cfg.workload_tokens:,} tokens of wikitext2:test")
+                  f"{cfg.workload_tokens:,} tokens of {traffic or 'wikitext2:test'}")
         from moefleet.cli.models import load_with_progress
 
         load_with_progress(model, as_json)  # builds the zoo model once, with a progress bar

@@ -5,7 +5,8 @@ Stages, each cached or measured as it says:
 2. compute profile: measured once per model and machine (cached next to the weights);
 3. routing: one profiling pass over ``wikitext2:train`` (the first part fits the
    predictor, the rest becomes the BO batches) and one over ``wikitext2:test`` (the
-   workload, never seen by the predictor or the BO);
+   workload, never seen by the predictor or the BO); with ``traffic`` set (a domain
+   shift), the BO batches and the workload come from one pass over that dataset;
 4. predictor: the Bayesian token-feature predictor fitted on the first part;
 5. BO + ODS: Alg. 2 on the BO batches, objective billed by the analytical model;
 6. plans for the workload: BO-adjusted predictions, unadjusted predictions, the real
@@ -48,6 +49,11 @@ class DemoConfig:
     bo_iters: int = 30
     sampler: str = "eps-gp"
     slo_s: float | None = None  # default: LambdaML latency / (1 - THROUGHPUT_LOSS)
+    # Serving traffic for the BO batches and the workload: None = wikitext2 (BO batches
+    # from the train split after the predictor's part, workload from the test split);
+    # another dataset (e.g. "c4") = a domain shift: one pass over it, the first part
+    # becomes the BO batches, the rest the workload.
+    traffic: str | None = None
     run: bool = True  # deploy and run on the local backend
     workers: int | None = None
     seed: int = 0
@@ -116,6 +122,7 @@ class Prepared:
     workload: Any  # BOBatch of the test workload
     work_trace: Any
     slo_s: float
+    work_dataset: str = "wikitext2:test"
 
     def problem(self, counts: np.ndarray, tokens: int) -> Any:  # -> PlanningProblem
         from moefleet.plan import PlanningProblem
@@ -143,22 +150,32 @@ def prepare(cfg: DemoConfig, say: Say = print) -> Prepared:
     prof = profile_for(cfg.model)
     say(f"model {cfg.model}: {len(summary.moe_layers)} MoE layers x "
         f"{max(summary.num_experts)} experts, top-{summary.top_k}; compute profile ready")
-    train = _profile(adapter, "wikitext2:train",
-                     cfg.fit_tokens + cfg.bo_batches * cfg.batch_tokens, cfg.max_length, say)
-    work = _profile(adapter, "wikitext2:test", cfg.workload_tokens, cfg.max_length, say)
-    fit_tokens, batch_tokens = cfg.fit_tokens, cfg.batch_tokens
-    wanted = cfg.fit_tokens + cfg.bo_batches * cfg.batch_tokens
-    if train.num_tokens < wanted:
-        # A bare checkout carries only an excerpt of wikitext2: keep the proportions.
-        share = train.num_tokens / wanted
-        fit_tokens, batch_tokens = int(fit_tokens * share), max(1, int(batch_tokens * share))
-        say(f"note: wikitext2:train has {train.num_tokens:,} tokens here, not {wanted:,} "
-            f"(is ../shared/data beside the checkout?); scaled to {fit_tokens:,} for the "
-            f"predictor and BO batches of {batch_tokens:,}")
-    if work.num_tokens < cfg.workload_tokens:
+    bo_part = cfg.bo_batches * cfg.batch_tokens
+    batch_tokens = cfg.batch_tokens
+    if cfg.traffic is None:
+        work_dataset = "wikitext2:test"
+        train = _profile(adapter, "wikitext2:train", cfg.fit_tokens + bo_part,
+                         cfg.max_length, say)
+        work = _profile(adapter, work_dataset, cfg.workload_tokens, cfg.max_length, say)
+        fit_tokens = cfg.fit_tokens
+        if train.num_tokens < cfg.fit_tokens + bo_part:
+            # A bare checkout carries only an excerpt of wikitext2: keep the proportions.
+            share = train.num_tokens / (cfg.fit_tokens + bo_part)
+            fit_tokens, batch_tokens = int(fit_tokens * share), max(1, int(batch_tokens * share))
+            say(f"note: wikitext2:train has {train.num_tokens:,} tokens here, not "
+                f"{cfg.fit_tokens + bo_part:,} (is ../shared/data beside the checkout?); "
+                f"scaled to {fit_tokens:,} for the predictor and BO batches of "
+                f"{batch_tokens:,}")
+        fit_trace, bo_trace = _split_requests(train, fit_tokens)
+    else:
+        work_dataset = cfg.traffic
+        fit_trace = _profile(adapter, "wikitext2:train", cfg.fit_tokens, cfg.max_length, say)
+        shifted = _profile(adapter, cfg.traffic, bo_part + cfg.workload_tokens,
+                           cfg.max_length, say)
+        bo_trace, work = _split_requests(shifted, bo_part)
+    if work.num_tokens < 0.9 * cfg.workload_tokens:  # whole requests: a little short is normal
         say(f"note: the workload has {work.num_tokens:,} tokens, not {cfg.workload_tokens:,} "
-            "(the embedded wikitext2 excerpt is small; ../shared/data has the full split)")
-    fit_trace, bo_trace = _split_requests(train, fit_tokens)
+            f"({work_dataset} holds no more here)")
     shape = ModelShape.from_trace(fit_trace)
     predictor = BayesPredictor().fit(fit_trace)
     bo_batches = batches_from_trace(bo_trace, shape, batch_tokens, cfg.bo_batches)
@@ -173,7 +190,8 @@ def prepare(cfg: DemoConfig, say: Say = print) -> Prepared:
                                              tokens=workload.tokens)
         slo = LambdaMLPlanner().plan(probe).predicted["latency_s"] / (1 - THROUGHPUT_LOSS)
     say(f"SLO {slo:.3f} s end to end ({cfg.platform})")
-    return Prepared(adapter, summary, prof, spec, predictor, bo_batches, workload, work, slo)
+    return Prepared(adapter, summary, prof, spec, predictor, bo_batches, workload, work, slo,
+                    work_dataset)
 
 
 def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
@@ -225,18 +243,19 @@ def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
         for name in ("bo", "oracle", "unadjusted", "lambdaml"):
             say(f"deploying the {name} plan on the local backend and running the workload")
             rows[name]["measured"] = measure(out_dir / f"plan_{name}.yaml", prep.adapter,
-                                             prep.spec, prep.work_trace, cfg)
+                                             prep.spec, prep.work_trace, prep.work_dataset,
+                                             cfg)
     return {
         "model": cfg.model, "platform": cfg.platform, "cluster": cfg.cluster,
-        "slo_s": slo, "workload": {"dataset": "wikitext2:test", "tokens": workload.tokens},
+        "slo_s": slo, "workload": {"dataset": prep.work_dataset, "tokens": workload.tokens},
         "bo": bo.summary(), "bo_history": bo.history, "plans": rows,
         "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
         "wall_s": time.perf_counter() - t_start,
     }
 
 
-def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, cfg: DemoConfig,
-            ) -> dict[str, Any]:
+def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, dataset: str,
+            cfg: DemoConfig) -> dict[str, Any]:
     """Deploy a plan on the local backend, run the workload's requests, bill it."""
     import tempfile
 
@@ -248,7 +267,7 @@ def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, cfg: DemoConfig
     from moefleet.runtime.runner import make_batches, run_workload
 
     plan = DeploymentPlan.load(plan_path)
-    rids, texts = _workload_texts(work)
+    rids, texts = _workload_texts(work, dataset)
     batches = make_batches(adapter, rids, texts, max_tokens=work.num_tokens,
                            max_length=cfg.max_length, batch_size=8)
     with tempfile.TemporaryDirectory(prefix="moefleet-demo-store-") as tmp:
@@ -272,13 +291,15 @@ def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, cfg: DemoConfig
             "max_abs_diff": s["max_abs_diff"]}
 
 
-def _workload_texts(work: Any) -> tuple[list[str], list[str]]:
+def _workload_texts(work: Any, dataset: str) -> tuple[list[str], list[str]]:
+    from moefleet.cli.profile import split_dataset
     from moefleet.data import load_prompts
 
+    name, split = split_dataset(dataset)
     wanted = list(dict.fromkeys(work.table.column("request_id").to_pylist()))
-    prompts = {p.request_id: p.text for p in load_prompts("wikitext2", split="test")}
+    prompts = {p.request_id: p.text for p in load_prompts(name, split=split)}
     missing = [r for r in wanted if r not in prompts]
     if missing:
-        raise MoefleetError(f"workload requests {missing[:3]} are not in wikitext2:test",
+        raise MoefleetError(f"workload requests {missing[:3]} are not in {dataset}",
                             "re-run the demo (the dataset changed under it)")
     return wanted, [prompts[r] for r in wanted]
