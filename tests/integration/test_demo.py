@@ -54,3 +54,14 @@ def test_demo_cli_rejects_bad_options(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "eps-gp" in res.stderr
     res = runner.invoke(app, ["demo", "--slo", "-1", "-o", str(tmp_path)])
     assert res.exit_code == 2 and "--slo" in res.stderr
+
+
+def test_demo_with_shifted_traffic_plans_without_running(tmp_path: Path) -> None:
+    cfg = DemoConfig(model=MODEL, fit_tokens=1024, batch_tokens=512, bo_batches=1,
+                     workload_tokens=512, max_length=64, bo_pairs=10, bo_iters=2,
+                     traffic="c4", run=False)
+    report = run_demo(cfg, tmp_path, say=lambda _: None)
+    assert report["workload"]["dataset"] == "c4"
+    assert 0.9 * 512 <= report["workload"]["tokens"]
+    assert all("measured" not in row for row in report["plans"].values())
+    assert report["plans"]["oracle"]["cost_usd"] > 0
