@@ -62,6 +62,6 @@ def test_demo_with_shifted_traffic_plans_without_running(tmp_path: Path) -> None
                      traffic="c4", run=False)
     report = run_demo(cfg, tmp_path, say=lambda _: None)
     assert report["workload"]["dataset"] == "c4"
-    assert 0.9 * 512 <= report["workload"]["tokens"]
+    assert report["workload"]["tokens"] >= 0.9 * 512
     assert all("measured" not in row for row in report["plans"].values())
     assert report["plans"]["oracle"]["cost_usd"] > 0
