@@ -99,6 +99,7 @@ class Evaluation:
     plan: DeploymentPlan | None
     outcomes: list[BatchOutcome]
     predicted_LE: np.ndarray
+    error: InfeasibleError | None = None  # why there is no plan (plan is None)
 
     @property
     def feasible_share(self) -> float:
@@ -208,8 +209,8 @@ class BayesOpt:
         pred = self.predict() if pred_LE is None else pred_LE
         try:
             plan = self.planner.plan(self.template.with_counts(counts_for_plan(pred)))
-        except InfeasibleError:
-            return Evaluation(float("inf"), None, [], pred)
+        except InfeasibleError as err:
+            return Evaluation(float("inf"), None, [], pred, err)
         outs = [apply_rules(p, plan, pred, self.config.margin) for p in self._real]
         cost = float(np.mean([batch_cost(o, self.config.slo_penalty) for o in outs]))
         return Evaluation(cost, plan, outs, pred)
@@ -250,6 +251,9 @@ class BayesOpt:
         cfg = self.config
         start = time.perf_counter()
         baseline = self.evaluate()
+        if baseline.error is not None:
+            # Nothing to improve on: the unadjusted predictions cannot meet the SLO.
+            raise baseline.error
         self._collect_limited(baseline)
         limited = round(cfg.mu * cfg.pairs) if self._limited else 0
         sampler = make_sampler(cfg.sampler, pairs=cfg.pairs, limited=limited, eps0=cfg.eps0,
