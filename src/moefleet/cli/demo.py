@@ -10,7 +10,7 @@ cluster. See :mod:`moefleet.demo.pipeline` for what each stage measures.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -68,14 +68,15 @@ def demo_cmd(
 
         load_with_progress(model, as_json)  # builds the zoo model once, with a progress bar
         with progress() as bar:
-            task = bar.add_task("BO iterations", total=cfg.bo_iters, visible=False)
+            tasks: dict[str, Any] = {}
 
-            def on_bo(it: int, total: int, best: float) -> None:
-                bar.update(task, completed=it, total=total, visible=True,
-                           description=f"BO (best {best:.3g} USD)")
+            def on_progress(label: str, done: int, total: int) -> None:
+                if label not in tasks:
+                    tasks[label] = bar.add_task(label, total=total)
+                bar.update(tasks[label], completed=done, total=total)
 
             report = run_demo(cfg, out_dir, say=lambda msg: con.print(f"· {msg}"),
-                              bo_progress=on_bo)
+                              progress=on_progress)
         json_path = out_dir / "report.json"
         write_json_atomic(json_path, report)
         png = demo_png(report, out_dir / "report.png")

@@ -67,9 +67,16 @@ class DemoConfig:
 
 
 Say = Callable[[str], None]
+# progress(stage label, done, total): long stages report through it (the CLI draws bars).
+Progress = Callable[[str, int, int], None]
 
 
-def _profile(adapter: Any, dataset: str, tokens: int, max_length: int, say: Say) -> Any:
+def _quiet(_label: str, _done: int, _total: int) -> None:
+    return None
+
+
+def _profile(adapter: Any, dataset: str, tokens: int, max_length: int, say: Say,
+             progress: Progress = _quiet) -> Any:
     from moefleet.cli.profile import split_dataset
     from moefleet.data import load_prompts
     from moefleet.traces import profile
@@ -79,7 +86,8 @@ def _profile(adapter: Any, dataset: str, tokens: int, max_length: int, say: Say)
     t0 = time.perf_counter()
     trace = profile(adapter, [p.request_id for p in prompts], [p.text for p in prompts],
                     max_tokens=tokens, max_length=max_length, batch_size=8,
-                    attention_ids=True, dataset=dataset)
+                    attention_ids=True, dataset=dataset,
+                    progress=lambda done, total: progress(f"profiling {dataset}", done, total))
     say(f"profiled {trace.num_tokens:,} tokens of {dataset} in {time.perf_counter() - t0:.0f} s")
     return trace
 
@@ -135,7 +143,7 @@ class Prepared:
         return self.problem(self.bo_batches[0].real_LE, tokens)
 
 
-def prepare(cfg: DemoConfig, say: Say = print) -> Prepared:
+def prepare(cfg: DemoConfig, say: Say = print, progress: Progress = _quiet) -> Prepared:
     """Model, compute profile, routing traces, fitted predictor, batches and the SLO."""
     from moefleet.models import load_adapter
     from moefleet.plan import LambdaMLPlanner, PlanningProblem
@@ -155,8 +163,9 @@ def prepare(cfg: DemoConfig, say: Say = print) -> Prepared:
     if cfg.traffic is None:
         work_dataset = "wikitext2:test"
         train = _profile(adapter, "wikitext2:train", cfg.fit_tokens + bo_part,
-                         cfg.max_length, say)
-        work = _profile(adapter, work_dataset, cfg.workload_tokens, cfg.max_length, say)
+                         cfg.max_length, say, progress)
+        work = _profile(adapter, work_dataset, cfg.workload_tokens, cfg.max_length, say,
+                        progress)
         fit_tokens = cfg.fit_tokens
         if train.num_tokens < cfg.fit_tokens + bo_part:
             # A bare checkout carries only an excerpt of wikitext2: keep the proportions.
@@ -169,9 +178,10 @@ def prepare(cfg: DemoConfig, say: Say = print) -> Prepared:
         fit_trace, bo_trace = _split_requests(train, fit_tokens)
     else:
         work_dataset = cfg.traffic
-        fit_trace = _profile(adapter, "wikitext2:train", cfg.fit_tokens, cfg.max_length, say)
+        fit_trace = _profile(adapter, "wikitext2:train", cfg.fit_tokens, cfg.max_length, say,
+                             progress)
         shifted = _profile(adapter, cfg.traffic, bo_part + cfg.workload_tokens,
-                           cfg.max_length, say)
+                           cfg.max_length, say, progress)
         bo_trace, work = _split_requests(shifted, bo_part)
     if work.num_tokens < 0.9 * cfg.workload_tokens:  # whole requests: a little short is normal
         say(f"note: the workload has {work.num_tokens:,} tokens, not {cfg.workload_tokens:,} "
@@ -195,7 +205,7 @@ def prepare(cfg: DemoConfig, say: Say = print) -> Prepared:
 
 
 def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
-             bo_progress: Callable[[int, int, float], None] | None = None) -> dict[str, Any]:
+             progress: Progress = _quiet) -> dict[str, Any]:
     """Run every stage; returns the report dict (also written by the caller)."""
     from moefleet.plan import LambdaMLPlanner, OdsPlanner, cpu_cluster_cost
     from moefleet.plan.bo import BayesOpt, BOConfig
@@ -204,13 +214,13 @@ def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
     from moefleet.traces import write_trace
 
     t_start = time.perf_counter()
-    prep = prepare(cfg, say)
+    prep = prepare(cfg, say, progress)
     write_trace(prep.work_trace, out_dir / "workload_trace.parquet")
     workload, slo = prep.workload, prep.slo_s
     bo_cfg = BOConfig(pairs=cfg.bo_pairs, max_iters=cfg.bo_iters, sampler=cfg.sampler,
                       seed=cfg.seed)
     bo = BayesOpt(prep.predictor, prep.template(), prep.bo_batches, bo_cfg).run(
-        progress=bo_progress)
+        progress=lambda it, total, _best: progress("BO iterations", it, total))
     say(f"BO ({bo.sampler}, evaluator {bo.evaluator}): {bo.iterations} iterations in "
         f"{bo.wall_s:.1f} s, objective {bo.baseline.cost:.4g} -> {bo.best.cost:.4g} USD")
 
@@ -242,9 +252,14 @@ def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
     if cfg.run:
         for name in ("bo", "oracle", "unadjusted", "lambdaml"):
             say(f"deploying the {name} plan on the local backend and running the workload")
+            label = f"running the {name} plan"
+
+            def on_batch(done: int, total: int, label: str = label) -> None:
+                progress(label, done, total)
+
             rows[name]["measured"] = measure(out_dir / f"plan_{name}.yaml", prep.adapter,
                                              prep.spec, prep.work_trace, prep.work_dataset,
-                                             cfg)
+                                             cfg, on_batch)
     return {
         "model": cfg.model, "platform": cfg.platform, "cluster": cfg.cluster,
         "slo_s": slo, "workload": {"dataset": prep.work_dataset, "tokens": workload.tokens},
@@ -255,7 +270,8 @@ def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
 
 
 def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, dataset: str,
-            cfg: DemoConfig) -> dict[str, Any]:
+            cfg: DemoConfig, progress: Callable[[int, int], None] | None = None,
+            ) -> dict[str, Any]:
     """Deploy a plan on the local backend, run the workload's requests, bill it."""
     import tempfile
 
@@ -281,7 +297,7 @@ def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, dataset: str,
         try:
             install(dep, backend)
             with Executor(dep, backend, store, spec) as executor:
-                s = run_workload(executor, batches, reference=adapter)
+                s = run_workload(executor, batches, reference=adapter, progress=progress)
         finally:
             backend.teardown()
     moe = s["cost_usd"]["by_kind"].get("expert", 0.0)
