@@ -65,6 +65,7 @@ def tiny_problem(
     counts: Sequence[Sequence[int]], slo_s: float, *, bytes_per_token: int = 400_000,
     memory: Sequence[int] = (128, 768, 1536), max_replicas: int = 2,
     param_bytes: int = 20_000_000, per_token_1vcpu: float = 0.01, seg_s: float = 0.5,
+    warm_instances: bool = False,
 ) -> PlanningProblem:
     """Small explicit instance on aws-lambda-2020: U_j = per_token_1vcpu / vcpus(M_j);
     big tokens so the 6 MB payload limit binds for direct invocation at ~15 tokens."""
@@ -77,6 +78,7 @@ def tiny_problem(
         expert_param_bytes=param_bytes, bytes_per_token=bytes_per_token,
         memory_options_mb=memory, per_token_s=u, slo_s=slo_s, segment_time_s=seg_s,
         segment_param_bytes=5_000_000, max_replicas=max_replicas,
+        warm_instances=warm_instances,
         extra_per_token_s={spec.baseline_memory(): [per_token_1vcpu / spec.vcpus(
             spec.baseline_memory())] * len(c)},
     )
@@ -108,9 +110,12 @@ def layer_configs(p: PlanningProblem, li: int) -> list[tuple[float, float, tuple
                         break
                     t = float(replica_time(a, r, p.per_token_s_LJ[li, j], head, beta, rates,
                                            p.bytes_in, p.bytes_out))
-                    puts, gets = requests_per_replica(a, int(n_blocks(r, beta)))
+                    puts, gets = requests_per_replica(a, int(n_blocks(r, beta)),
+                                                      p.warm_instances)
                     price = p.platform.compute_cost(mem, 1.0)
-                    cost += g * (price * billed_s(t, rates) + rates.per_request
+                    # warm instances: the platform bills the handler, not the warm start
+                    t_bill = t - rates.warm_s if p.warm_instances else t
+                    cost += g * (price * billed_s(t_bill, rates) + rates.per_request
                                  + puts * rates.per_put + gets * rates.per_get)
                     t_max, r_max = max(t_max, t), max(r_max, r)
                 if not ok or (a == 1 and r_max and beta > r_max):

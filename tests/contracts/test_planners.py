@@ -8,6 +8,8 @@ same seed, and (4) an SLO no plan can meet raises InfeasibleError naming the fas
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from moefleet.plan import (
@@ -85,3 +87,20 @@ def test_infeasible_slo_is_a_clear_error(policy: str, problem: PlanningProblem) 
     assert msg.startswith("infeasible: the fastest plan takes") and "binding:" in msg
     assert "SLO is 1 s" in msg
     assert "raise the SLO" in err.value.hint
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_warm_instances_plan_is_feasible_and_says_so(
+    policy: str, problem: PlanningProblem
+) -> None:
+    # The opt-in warm-instances variant: the same contract, predicted from the same model,
+    # and the plan's meta records the variant it was priced under.
+    warm = dataclasses.replace(problem, warm_instances=True)
+    plan = get_planner(policy, time_limit_s=60).plan(warm, seed=0)
+    est = evaluate(warm, plan)
+    assert est.feasible, est.violations
+    assert plan.predicted["cost_usd"] == pytest.approx(est.cost_usd, rel=1e-12)
+    assert plan.predicted["latency_s"] == pytest.approx(est.latency_s, rel=1e-12)
+    assert plan.meta["warm_instances"] is True
+    # Re-priced under the paper's model the same plan costs at least as much.
+    assert evaluate(problem, plan).cost_usd >= est.cost_usd

@@ -89,3 +89,14 @@ def test_plan_errors_are_clean(inputs: tuple[Path, Path], tmp_path: Path) -> Non
     assert res.exit_code == 2 and "needs --profile or --model" in res.stderr
     res = run("plan", "show", str(tmp_path / "missing.yaml"))
     assert res.exit_code == 2 and "does not exist" in res.stderr
+
+
+def test_plan_warm_instances_flag(inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    cold, warm = tmp_path / "cold.yaml", tmp_path / "warm.yaml"
+    assert run(*_common(*inputs, cold), "--json").exit_code == 0
+    res = run(*_common(*inputs, warm), "--warm-instances", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["meta"]["warm_instances"] is True
+    c, w = DeploymentPlan.load(cold), DeploymentPlan.load(warm)
+    assert "warm_instances" not in c.meta and w.meta["warm_instances"] is True
+    assert w.predicted["cost_usd"] < c.predicted["cost_usd"]

@@ -12,6 +12,8 @@ T_head = 0.02 + 0.05 + 0.1 = 0.17 s.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from moefleet.plan import DeploymentPlan, PlanningProblem, evaluate
@@ -127,3 +129,81 @@ def test_segment_cost_is_reported_separately() -> None:
     est = evaluate(_problem(), _plan("storage", 768, 2))
     assert est.segment_cost_usd == pytest.approx(2 * (0.5 * 3008 / 1024 * 1.66667e-5 + 2e-7))
     assert est.as_predicted()["cost_usd"] == est.cost_usd
+
+
+# ---- warm instances (PlanningProblem.warm_instances, opt-in) ------------------------------
+# Instances hold their parameters: T_head = T_warm = 0.02 s, T_load = 0.02 s, no parameter
+# GET, and a replica is billed for t_rep - T_warm (T_warm still counts for latency).
+
+
+def _warm(slo: float = 10.0) -> PlanningProblem:
+    return dataclasses.replace(_problem(slo), warm_instances=True)
+
+
+def test_warm_instances_defaults_off_and_changes_only_its_terms() -> None:
+    from moefleet.plan.costmodel import Rates, head_s, requests_per_replica
+
+    assert _problem().warm_instances is False and Rates.of(_problem()).unbilled_s == 0.0
+    cold, warm = Rates.of(_problem()), Rates.of(_warm())
+    assert head_s(cold, 8e6) == pytest.approx(0.17) and head_s(warm, 8e6) == 0.02
+    assert _problem().load_s(0) == pytest.approx(0.12) and _warm().load_s(0) == 0.02
+    assert warm.unbilled_s == 0.02
+    for a, nblk, cold_req in ((1, 5, (10, 11)), (2, 1, (2, 3)), (3, 1, (0, 1))):
+        assert requests_per_replica(a, nblk) == cold_req
+        assert requests_per_replica(a, nblk, True) == (cold_req[0], cold_req[1] - 1)
+
+
+def test_warm_storage_method_by_hand() -> None:
+    # a=2, 768 MB, 2 replicas, r = 5: t_rep = 0.02 + 2*0.05 + 5*0.03 = 0.27 s;
+    # billed 0.27 - 0.02 = 0.25 -> 0.3 s: 0.3 * 0.75 * 1.66667e-5 = 3.75e-6 compute,
+    # 2e-7 request, 2 PUT + 2 GET = 1e-5 + 8e-7 = 1.08e-5 -> 1.475e-5; x2 = 2.95e-5.
+    # latency = max(0.27, 0.02) + 0.05 + 0.05 = 0.37; e2e 1.37 s.
+    est = evaluate(_warm(), _plan("storage", 768, 2))
+    assert est.feasible, est.violations
+    assert est.cost_usd == pytest.approx(2.95e-5, rel=1e-4)
+    assert est.compute_usd == pytest.approx(2 * 3.75e-6, rel=1e-4)
+    assert est.request_usd == pytest.approx(4e-7)
+    assert est.storage_usd == pytest.approx(2.16e-5)
+    assert est.layers[0].max_replica_s == pytest.approx(0.27)
+    assert est.layers[0].latency_s == pytest.approx(0.37)
+    assert est.latency_s == pytest.approx(1.37)
+    # The Meter billing the handlers (t_rep - T_warm = 0.25 s, 2 PUT, 2 GET) agrees.
+    meter = Meter(SPEC)
+    for k in range(2):
+        meter.add(InvocationRecord(function=f"exp-0-0-{k}", kind="expert", memory_mb=768,
+                                   start_s=0.0, end_s=0.25, storage_puts=2, storage_gets=2))
+    assert meter.bill().total.total == pytest.approx(est.cost_usd, rel=1e-9)
+
+
+def test_warm_pipelined_method_by_hand() -> None:
+    # a=1, beta 2, 1536 MB, 1 replica: r = 10, nblk = 5, t_blk 0.08, t_tail 0.06.
+    # t_rep = 0.02 + 5*0.08 + 0.06 = 0.48; billed 0.46 -> 0.5 s * 1.5 GB * 1.66667e-5
+    # = 1.25e-5; 10 PUT (5e-5) + 10 GET (4e-6); request 2e-7 -> 6.67e-5.
+    # latency = max(0.48, 0.02) + 0.05 + 0.05 = 0.58.
+    est = evaluate(_warm(), _plan("pipelined", 1536, 1, beta=2))
+    assert est.feasible, est.violations
+    assert est.cost_usd == pytest.approx(6.67e-5, rel=1e-4)
+    assert est.compute_usd == pytest.approx(1.25e-5, rel=1e-4)
+    assert est.storage_usd == pytest.approx(5.4e-5)
+    assert est.layers[0].max_replica_s == pytest.approx(0.48)
+    assert est.layers[0].latency_s == pytest.approx(0.58)
+
+
+def test_warm_direct_method_by_hand() -> None:
+    # a=3, 768 MB, 1 replica: t_rep = 0.02 + 10*(0.008 + 0.02) = 0.30; billed 0.28 ->
+    # 0.3 s -> 3.75e-6; no GET; request 2e-7 -> 3.95e-6.
+    # latency = 0.30 + 10*0.008 + 0.02 = 0.40; e2e 1.40.
+    est = evaluate(_warm(), _plan("direct", 768, 1))
+    assert est.feasible, est.violations
+    assert est.cost_usd == pytest.approx(3.95e-6, rel=1e-4)
+    assert est.storage_usd == 0.0
+    assert est.layers[0].max_replica_s == pytest.approx(0.30)
+    assert est.layers[0].latency_s == pytest.approx(0.40)
+    assert est.latency_s == pytest.approx(1.40)
+
+
+def test_warm_billing_keeps_the_minimum() -> None:
+    # 1 token at 1536 MB, direct: t_rep = 0.02 + 0.008 + 0.01 = 0.038; 0.018 s of handler
+    # is billed as the 100 ms minimum: 0.1 * 1.5 * 1.66667e-5 + 2e-7 = 2.7e-6.
+    est = evaluate(_warm().with_counts([[1, 0]]), _plan("direct", 1536, 1))
+    assert est.cost_usd == pytest.approx(2.7e-6, rel=1e-4)

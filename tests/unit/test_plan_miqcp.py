@@ -62,3 +62,26 @@ def test_missing_solver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
     assert "moefleet[plan]" in err.value.hint
     with pytest.raises(MissingExtraError, match="gurobipy"):
         solve_miqcp(p, [[2]], solver="gurobi")
+
+
+def test_warm_instances_miqcp_agrees_with_ods_and_enumeration() -> None:
+    from moefleet.plan import OdsPlanner
+
+    p = tiny_problem([[3, 5], [2, 6]], 100.0, bytes_per_token=1_500_000, warm_instances=True)
+    configs = all_configs(p)
+    for slo in _slos(p):
+        q = p.with_slo(slo)
+        plan = MiqcpPlanner(time_limit_s=120).plan(q)
+        assert evaluate(q, plan).feasible
+        assert plan.meta["status"] == "optimal" and plan.meta["warm_instances"] is True
+        opt = brute_force_optimum(q, configs=configs)
+        assert plan.predicted["cost_usd"] == pytest.approx(opt, rel=1e-6)
+        assert plan.predicted["cost_usd"] == pytest.approx(
+            OdsPlanner().plan(q).predicted["cost_usd"], rel=1e-6)
+    # a=1 alone: its quadratic billing and the dropped parameter GET in the formulation.
+    q = tiny_problem([[3, 7, 2]], 100.0, bytes_per_token=1_500_000, warm_instances=True)
+    q = q.with_slo(_slos(q)[2])  # a=1 alone misses the tighter SLOs here
+    res = solve_miqcp(q, [[1]], time_limit_s=120)
+    opt = brute_force_optimum(q, [1])
+    assert res.layers is not None and res.status == "optimal"
+    assert build_plan(q, res.layers, "miqcp")[1].cost_usd == pytest.approx(opt, rel=1e-6)

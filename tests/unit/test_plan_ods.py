@@ -139,3 +139,32 @@ def test_paper_style_setting(experts: int) -> None:
     assert evaluate(q, ods).feasible
     assert ods.predicted["cost_usd"] <= 0.5 * lam.predicted["cost_usd"]
     assert ods.predicted["cost_usd"] <= 0.2 * cpu.cost_usd  # hourly billing, idle included
+
+
+@pytest.mark.parametrize("counts", INSTANCES)
+def test_warm_instances_ods_is_the_exact_optimum(counts: list[list[int]]) -> None:
+    # The warm-instances variant (no parameter download/GET, T_warm not billed) goes
+    # through the same frontiers; the enumeration sees it through the costmodel helpers.
+    p = tiny_problem(counts, 100.0, bytes_per_token=1_500_000, warm_instances=True)
+    configs = all_configs(p)
+    cold = tiny_problem(counts, 100.0, bytes_per_token=1_500_000)
+    cold_configs = all_configs(cold)
+    for slo in _slo_grid(p):
+        q = p.with_slo(slo)
+        opt = brute_force_optimum(q, configs=configs)
+        plan = OdsPlanner().plan(q)
+        est = evaluate(q, plan)
+        assert est.feasible and plan.meta["exact"] is True
+        assert plan.meta["warm_instances"] is True
+        assert est.cost_usd == pytest.approx(opt, rel=1e-9), (counts, slo)
+        # Cheaper than the paper's model at the same SLO (nothing is charged extra).
+        cold_opt = brute_force_optimum(cold.with_slo(slo), configs=cold_configs)
+        assert opt <= cold_opt * (1 + 1e-12)
+    for a in (1, 2, 3):  # the per-method decomposition too
+        q = p.with_slo(_slo_grid(p)[2])
+        opt = brute_force_optimum(q, [a], configs=configs)
+        sol = Frontiers(q).solve([[a]] * q.num_moe_layers)
+        if np.isinf(opt):
+            assert sol is None
+        else:
+            assert sol is not None and sol.selection.cost == pytest.approx(opt, rel=1e-9)

@@ -87,3 +87,20 @@ def test_with_slo_shares_everything_else() -> None:
     p = tiny_problem([[1, 2]], 10.0)
     q = p.with_slo(5.0)
     assert q.slo_s == 5.0 and q.counts_LE is p.counts_LE and q.platform is p.platform
+
+
+def test_warm_instances_is_opt_in_in_every_constructor() -> None:
+    from types import SimpleNamespace
+
+    prof = bert_profile(3)
+    counts = skewed_counts(3, 4, 1000)
+    assert not PlanningProblem.from_profile(prof, SPEC, counts, slo_s=30.0).warm_instances
+    assert not tiny_problem([[1, 2]], 10.0).warm_instances
+    p = PlanningProblem.from_profile(prof, SPEC, counts, slo_s=30.0, warm_instances=True)
+    assert p.warm_instances and p.with_slo(20.0).warm_instances
+    assert p.load_s(0) == SPEC.startup.warm_start_s  # type: ignore[union-attr]
+    summary = SimpleNamespace(name="bert-moe-hand", moe_layers=[0, 1, 2], num_layers=3,
+                              num_experts=[4] * 3, top_k=1)
+    assert PlanningProblem.from_summary(summary, prof, SPEC, counts, 30.0,
+                                        warm_instances=True).warm_instances
+    assert tiny_problem([[1, 2]], 10.0, warm_instances=True).warm_instances

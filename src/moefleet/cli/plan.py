@@ -76,8 +76,11 @@ def load_profile(profile: Path | None, model: str | None) -> Any:  # -> ComputeP
 def make_plan(
     *, model: str | None, policy: str, platform: str, slo: float, counts: Path,
     profile: Path | None, tokens: int | None, max_replicas: int, time_limit: float, seed: int,
+    warm_instances: bool = False,
 ) -> Any:  # -> DeploymentPlan
-    """The library call behind ``moefleet plan``."""
+    """The library call behind ``moefleet plan``. ``warm_instances``: price the plan under
+    the warm-instances variant of the cost model (``PlanningProblem.warm_instances``; the
+    plan's meta records it)."""
     from moefleet.plan import PlanningProblem, get_planner
     from moefleet.platform import load_platform
 
@@ -93,6 +96,7 @@ def make_plan(
     problem = PlanningProblem.from_profile(
         prof, spec, counts_LE, slo, model=model, num_experts=experts,
         tokens=tokens or trace_tokens, max_replicas=max_replicas,
+        warm_instances=warm_instances,
     )
     return planner.plan(problem, seed=seed)
 
@@ -117,6 +121,11 @@ def plan_cmd(
     max_replicas: Annotated[int, typer.Option(help="Replicas per expert at most.")] = 8,
     time_limit: Annotated[float, typer.Option(help="Solver time limit (miqcp), s.")] = 60.0,
     seed: Annotated[int, typer.Option(help="Seed (random policy, solver).")] = 0,
+    warm_instances: Annotated[bool, typer.Option(
+        "--warm-instances",
+        help="Steady-state serving: instances already hold their parameters (no per-batch "
+        "parameter download or GET, warm start not billed). Default: the paper's model.")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Plan memory, replicas and scatter-gather methods for the cheapest billed cost
@@ -136,7 +145,7 @@ def plan_cmd(
         plan = make_plan(
             model=model, policy=policy, platform=platform, slo=slo, counts=counts,
             profile=profile, tokens=tokens, max_replicas=max_replicas,
-            time_limit=time_limit, seed=seed,
+            time_limit=time_limit, seed=seed, warm_instances=warm_instances,
         )
         plan.save(out)
     if as_json:

@@ -76,6 +76,8 @@ def build_plan(
         policy=policy,
         meta=dict(meta or {}),
     )
+    if problem.warm_instances:  # the plan was priced under the warm-instances variant
+        plan.meta.setdefault("warm_instances", True)
     est = evaluate(problem, plan)
     plan.predicted = {**est.as_predicted(), "slo_s": problem.slo_s}
     if started is not None:

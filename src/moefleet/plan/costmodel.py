@@ -28,6 +28,15 @@ switches them off. An expert with d = 0 is not invoked: no cost, no latency. The
 that of the MoE layers only (the paper's objective); ``segment_cost_usd`` reports the
 non-MoE segment functions for information.
 
+Warm instances (``PlanningProblem.warm_instances``, opt-in, off by default: the paper's
+model above is the default). Steady-state serving where every function instance already
+holds its parameters in memory: T_head = T_warm (no T_acc + P/B_s download), no parameter
+GET per replica (a=1: 2·nblk GET, a=2: 2 GET, a=3: none), T_load = the next segment's warm
+start only, and a replica is billed for t_rep − T_warm (the platform bills the handler, not
+the warm start; T_warm still counts for latency). ``Rates`` carries the flag so that every
+consumer (evaluate, the frontiers, the MIQCP) uses the same numbers. Segment functions
+(``segment_cost_usd``) are billed as before.
+
 All formula helpers accept numpy arrays or scalars (the solvers evaluate thousands of
 options at once with the same code that :func:`evaluate` uses).
 """
@@ -60,6 +69,12 @@ class Rates:
     per_request: float
     per_put: float
     per_get: float
+    warm_instances: bool = False  # steady state: parameters held, T_warm not billed
+
+    @property
+    def unbilled_s(self) -> float:
+        """Seconds of t_rep the platform does not bill: T_warm with warm instances."""
+        return self.warm_s if self.warm_instances else 0.0
 
     @classmethod
     def of(cls, problem: PlanningProblem) -> Rates:
@@ -77,6 +92,7 @@ class Rates:
             per_request=s.prices.per_request,
             per_put=s.storage.price_per_put if on else 0.0,
             per_get=s.storage.price_per_get if on else 0.0,
+            warm_instances=problem.warm_instances,
         )
 
 
@@ -91,7 +107,10 @@ def price_table(problem: PlanningProblem) -> np.ndarray:
 
 
 def head_s(rates: Rates, param_bytes: float) -> float:
-    """T_head = T_warm + T_acc + P/B_s: warm start, storage access, parameter download."""
+    """T_head = T_warm + T_acc + P/B_s: warm start, storage access, parameter download;
+    T_warm alone with warm instances (the parameters are already in memory)."""
+    if rates.warm_instances:
+        return rates.warm_s
     return rates.warm_s + rates.acc_s + param_bytes / rates.bs
 
 
@@ -124,20 +143,32 @@ def billed_s(t: Any, rates: Rates) -> Any:
     return out if out.ndim else float(out)
 
 
-def requests_per_replica(method: int, nblk: Any) -> tuple[Any, Any]:
-    """(PUTs, GETs) to the object store caused by one replica per batch (our accounting)."""
+def requests_per_replica(
+    method: int, nblk: Any, warm_instances: bool = False
+) -> tuple[Any, Any]:
+    """(PUTs, GETs) to the object store caused by one replica per batch (our accounting);
+    with warm instances there is no parameter GET (one GET fewer)."""
+    param = 0 if warm_instances else 1
     if method == 1:
-        return 2 * nblk, 1 + 2 * nblk
+        return 2 * nblk, param + 2 * nblk
     if method == 2:
-        return 2, 3
-    return 0, 1
+        return 2, param + 2
+    return 0, param
+
+
+def replica_billed_s(t_rep: Any, rates: Rates) -> Any:
+    """Billed seconds of one replica lasting ``t_rep``: :func:`billed_s` of t_rep, less
+    T_warm with warm instances (``Rates.unbilled_s``)."""
+    if rates.warm_instances:
+        t_rep = np.asarray(t_rep, dtype=float) - rates.unbilled_s
+    return billed_s(t_rep, rates)
 
 
 def replica_cost(method: int, t_rep: Any, nblk: Any, price_s: Any, rates: Rates) -> Any:
     """USD of one replica invocation: compute at billed duration + request + storage."""
-    puts, gets = requests_per_replica(method, nblk)
+    puts, gets = requests_per_replica(method, nblk, rates.warm_instances)
     return (
-        price_s * billed_s(t_rep, rates)
+        price_s * replica_billed_s(t_rep, rates)
         + rates.per_request
         + puts * rates.per_put
         + gets * rates.per_get
@@ -241,10 +272,10 @@ def evaluate(problem: PlanningProblem, plan: DeploymentPlan) -> Estimate:
             t = float(replica_time(a, r, u, head, beta, rates, problem.bytes_in,
                                    problem.bytes_out))
             nblk = int(n_blocks(r, beta)) if a == 1 else 1
-            puts, gets = requests_per_replica(a, nblk)
+            puts, gets = requests_per_replica(a, nblk, rates.warm_instances)
             if mem not in prices:
                 prices[mem] = price_per_s(problem, mem)
-            compute = prices[mem] * float(billed_s(t, rates))
+            compute = prices[mem] * float(replica_billed_s(t, rates))
             storage = puts * rates.per_put + gets * rates.per_get
             parts += g * np.array([compute, rates.per_request, storage])
             layer_cost += g * (compute + rates.per_request + storage)

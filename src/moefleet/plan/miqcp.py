@@ -12,7 +12,8 @@ For a=2, 3 t_rep and the billed cost of a pair are constants, so they enter line
 a=1: β_e integer in 1..max d; nblk_i integer with nblk_i·β_e ≥ r (quadratic, eq. 6's
 ceil); P_i ≥ nblk_i·β_e (quadratic); t_rep = Σ q·(T_head + T_acc) + T_acc·nblk +
 Σ κ_j·(q·P) + β·D_out/B_s with κ_j = max(D_in/B_s + U_j, D_out/B_s), products with a
-binary linearised by big-M; billed seconds = granularity × integer k_i ≥ t_rep. Layer
+binary linearised by big-M; billed seconds = granularity × integer k_i ≥ t_rep (≥ t_rep −
+T_warm with ``warm_instances``, whose T_head and T_load come from the shared helpers). Layer
 latency maxima (eqs. 7, 9, 11) become auxiliaries A[e,a] ≥ t_rep and A[e,a] ≥ m·T_load;
 Σ_e latency ≤ T_limit − Σ T^NE (12d). The objective is the cost model's cost exactly.
 
@@ -122,6 +123,8 @@ def solve_miqcp(
     t0 = time.perf_counter()
     mdl = _Model(solver, time_limit_s, seed)
     rates = Rates.of(problem)
+    # a=1's parameter GET (requests_per_replica); none when instances hold their weights.
+    param_get = 0.0 if rates.warm_instances else rates.per_get
     cost_terms: list[Any] = []
     lat_terms: list[Any] = []
     layer_vars: list[dict[str, Any]] = []
@@ -185,7 +188,10 @@ def solve_miqcp(
                     kappa.values()) + beta_max * problem.bytes_out / rates.bs)
                 k_max = math.ceil(t_max / rates.gran_s) + 1
                 k = mdl.var("I", 0, k_max)
-                mdl.cons(rates.gran_s * k >= t_rep)
+                if rates.warm_instances:  # the handler is billed, not the warm start
+                    mdl.cons(rates.gran_s * k >= t_rep - rates.unbilled_s * sum(q.values()))
+                else:
+                    mdl.cons(rates.gran_s * k >= t_rep)
                 mdl.cons(rates.gran_s * k >= rates.min_billed_s * sum(q.values()))
                 for (j, gi), v in q.items():
                     g = int(tab.g[gi])  # gi indexes the replica counts 1..G
@@ -194,7 +200,7 @@ def solve_miqcp(
                     mdl.cons(z >= nblk - d_i * (1 - v))
                     cost_terms += [
                         g * float(tab.price_J[j]) * rates.gran_s * u,
-                        g * (rates.per_request + rates.per_get) * v,
+                        g * (rates.per_request + param_get) * v,
                         g * 2 * (rates.per_put + rates.per_get) * z,
                     ]
         layer_vars.append(info)

@@ -14,7 +14,10 @@ What the problem holds (READING-NOTES, ODS/BO "eqs. 3-12"):
 - d(e,i): predicted tokens per expert (``counts_LE``);
 - the platform spec (start times, storage latency/bandwidth, payload limit, prices);
 - the end-to-end time limit (the SLO), the replica limit G, the non-MoE segment times
-  T^NE and the segment parameter bytes (for T_load).
+  T^NE and the segment parameter bytes (for T_load);
+- ``warm_instances`` (opt-in, default False = the paper's model): steady-state serving
+  where instances already hold their parameters (no parameter download or GET per batch,
+  T_warm not billed; see :mod:`moefleet.plan.costmodel`).
 
 Invariants (checked by ``__post_init__``): all times finite and > 0 where they are
 per-token times; counts are non-negative integers, zero beyond each layer's experts;
@@ -77,6 +80,8 @@ class PlanningProblem:
     max_replicas: int = DEFAULT_MAX_REPLICAS
     intermediate_bytes: int = 0  # M^inter (eq. 12c); 0 unless measured
     storage_requests: bool = True  # bill object-store PUT/GET (our addition, see costmodel)
+    # Steady-state serving: instances already hold their parameters (see load_s, costmodel).
+    warm_instances: bool = False
     # U at memory sizes outside the candidates (e.g. LambdaML's 3008 MB), per MoE layer.
     extra_per_token_s: dict[int, tuple[float, ...]] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
@@ -160,13 +165,16 @@ class PlanningProblem:
         return float(sum(self.segment_time_s))
 
     def load_s(self, li: int) -> float:
-        """T_load of MoE layer ``li``: the next segment's warm start + parameter download.
+        """T_load of MoE layer ``li``: the next segment's warm start + parameter download
+        (the warm start only with ``warm_instances``: its parameters are in memory).
 
         The "next non-MoE function" gathers the experts' outputs; it is block l+1's segment
         (the last block's own segment carries the tail when the MoE layer is last).
         """
         s = self.platform
         assert s.startup is not None and s.storage is not None  # faas, checked in explicit()
+        if self.warm_instances:
+            return s.startup.warm_start_s
         nxt = min(self.moe_layers[li] + 1, self.num_blocks - 1)
         return (
             s.startup.warm_start_s
@@ -227,10 +235,15 @@ class PlanningProblem:
         storage_requests: bool = True,
         extra_per_token_s: Mapping[int, Sequence[float]] | None = None,
         top_k: int = 1,
+        warm_instances: bool = False,
     ) -> PlanningProblem:
         """Explicit shapes and times. ``per_token_s`` is U_j over ``memory_options_mb``,
         either one row (all layers) or an (L, J) array. Scalars broadcast over layers/blocks.
-        ``tokens`` defaults to the largest per-layer count sum divided by ``top_k``."""
+        ``tokens`` defaults to the largest per-layer count sum divided by ``top_k``.
+
+        ``warm_instances`` (default False: the paper's model) models steady-state serving
+        where function instances already hold their parameters: no parameter download in
+        T_head or T_load, no parameter GET, and T_warm not billed (costmodel docstring)."""
         if not platform.is_faas:
             raise MoefleetError(
                 f"platform '{platform.name}' is a {platform.kind}; plans are for FaaS platforms",
@@ -267,6 +280,7 @@ class PlanningProblem:
             max_replicas=max_replicas,
             intermediate_bytes=intermediate_bytes,
             storage_requests=storage_requests,
+            warm_instances=warm_instances,
             extra_per_token_s={
                 k: tuple(map(float, v)) for k, v in (extra_per_token_s or {}).items()
             },
@@ -289,9 +303,11 @@ class PlanningProblem:
         segment_memory_mb: int | None = None,
         intermediate_bytes: int = 0,
         storage_requests: bool = True,
+        warm_instances: bool = False,
     ) -> PlanningProblem:
         """Shapes from the profile (blocks = its segments, its MoE layers) and the counts
-        (experts per layer = the counts' width unless ``num_experts`` is given)."""
+        (experts per layer = the counts' width unless ``num_experts`` is given).
+        ``warm_instances``: see :meth:`explicit`."""
         counts = np.asarray(counts_LE)
         layers = list(profile.moe_layers)
         if counts.ndim != 2 or counts.shape[0] != len(layers):
@@ -329,6 +345,7 @@ class PlanningProblem:
             max_replicas=max_replicas,
             intermediate_bytes=intermediate_bytes,
             storage_requests=storage_requests,
+            warm_instances=warm_instances,
             extra_per_token_s=extra_u,
         )
 
@@ -342,7 +359,8 @@ class PlanningProblem:
         slo_s: float,
         **kw: Any,
     ) -> PlanningProblem:
-        """Shapes from an adapter's ``summary()``; times and sizes from the profile."""
+        """Shapes from an adapter's ``summary()``; times and sizes from the profile;
+        ``kw`` go to :meth:`from_profile` (e.g. ``warm_instances=True``)."""
         if list(summary.moe_layers) != list(profile.moe_layers) or summary.num_layers != len(
             profile.segments
         ):
