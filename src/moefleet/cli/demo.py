@@ -32,6 +32,9 @@ def demo_cmd(
     traffic: Annotated[str | None, typer.Option(
         help="Dataset for the BO batches and the workload (a domain shift from the "
         "predictor's wikitext2), e.g. c4. Default: wikitext2.")] = None,
+    warm_instances: Annotated[bool, typer.Option(
+        help="Plan for steady-state serving: warm instances keep their parameters "
+        "(default: the paper's model, a parameter fetch per batch).")] = False,
     run: Annotated[bool, typer.Option(
         help="Deploy each plan on the local backend and run the workload.")] = True,
     workers: Annotated[int | None, typer.Option(help="Local worker processes.")] = None,
@@ -58,7 +61,8 @@ def demo_cmd(
         if iterations is not None and iterations < 1:
             raise MoefleetError(f"--iterations must be >= 1, got {iterations}", "e.g. 20")
         opts = {"model": model, "platform": platform, "slo_s": slo, "sampler": sampler,
-                "run": run, "workers": workers, "traffic": traffic}
+                "run": run, "workers": workers, "traffic": traffic,
+                "warm_instances": warm_instances}
         if iterations is not None:
             opts["bo_iters"] = iterations
         cfg = DemoConfig.quick(**opts) if quick else DemoConfig(**opts)  # type: ignore[arg-type]

@@ -54,6 +54,7 @@ class DemoConfig:
     # another dataset (e.g. "c4") = a domain shift: one pass over it, the first part
     # becomes the BO batches, the rest the workload.
     traffic: str | None = None
+    warm_instances: bool = False  # plan for steady-state serving (see PlanningProblem)
     run: bool = True  # deploy and run on the local backend
     workers: int | None = None
     seed: int = 0
@@ -131,12 +132,14 @@ class Prepared:
     work_trace: Any
     slo_s: float
     work_dataset: str = "wikitext2:test"
+    warm_instances: bool = False
 
     def problem(self, counts: np.ndarray, tokens: int) -> Any:  # -> PlanningProblem
         from moefleet.plan import PlanningProblem
 
         return PlanningProblem.from_summary(self.summary, self.profile, self.spec, counts,
-                                            self.slo_s, tokens=tokens)
+                                            self.slo_s, tokens=tokens,
+                                            warm_instances=self.warm_instances)
 
     def template(self) -> Any:
         tokens = int(np.mean([b.tokens for b in self.bo_batches]))
@@ -197,11 +200,12 @@ def prepare(cfg: DemoConfig, say: Say = print, progress: Progress = _quiet) -> P
     if slo is None:
         pred = counts_for_plan(predictor.predict_counts(workload.requests))
         probe = PlanningProblem.from_summary(summary, prof, spec, pred, 1e6,
-                                             tokens=workload.tokens)
+                                             tokens=workload.tokens,
+                                             warm_instances=cfg.warm_instances)
         slo = LambdaMLPlanner().plan(probe).predicted["latency_s"] / (1 - THROUGHPUT_LOSS)
     say(f"SLO {slo:.3f} s end to end ({cfg.platform})")
     return Prepared(adapter, summary, prof, spec, predictor, bo_batches, workload, work, slo,
-                    work_dataset)
+                    work_dataset, cfg.warm_instances)
 
 
 def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
