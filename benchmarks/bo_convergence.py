@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from moefleet.demo.pipeline import DemoConfig, Prepared, prepare
-from moefleet.io import atomic_path, write_json_atomic
+from moefleet.io import write_json_atomic
 from moefleet.plan import OdsPlanner
 from moefleet.plan.bo import BayesOpt, BOConfig, BOResult
 from moefleet.plan.bo_eval import apply_rules, counts_for_plan
@@ -132,10 +132,9 @@ def main() -> None:
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    from moefleet.report.figures import pyplot, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, s in summary.items():
@@ -145,9 +144,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     ax.set_title("BO samplers (analytical evaluator)")
     ax.legend()
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
+    save_png(fig, path, dpi=110)
 
 
 if __name__ == "__main__":

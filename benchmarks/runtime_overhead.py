@@ -161,10 +161,9 @@ def beta_sweep(spec: PlatformSpec, betas: list[int], tokens: int, reps: int,
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    from moefleet.report.figures import pyplot, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     # 'direct' never touches the store: one curve (from the local-dir run) is enough.
@@ -188,7 +187,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
           title="Pipelined vs not, emulated S3 (cf. ODS/BO Fig. 11)")
     b.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
 
 
 def main() -> None:

@@ -17,13 +17,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 
-from moefleet.io import atomic_path, write_json_atomic
+from moefleet.io import write_json_atomic
+from moefleet.report.figures import pyplot, save_png
+
+plt = pyplot()
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -74,8 +73,7 @@ def main() -> None:
                  f"{args.memory} MB: static plan vs HPA")
     fig.tight_layout()
     RESULTS.mkdir(exist_ok=True)
-    with atomic_path(RESULTS / "sim_bursty_hour.png") as tmp_png:
-        fig.savefig(tmp_png, format="png", dpi=110)
+    save_png(fig, RESULTS / "sim_bursty_hour.png", dpi=110)
     summary = {
         p: {"cost_usd": r["cost"]["total"], "latency_s": r["latency_s"],
             **{k: r[k] for k in ("slo_violation_rate", "cold_starts", "peak_instances",

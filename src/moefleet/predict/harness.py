@@ -243,12 +243,10 @@ def results_table(results: Mapping[str, Mapping[str, Any]], title: str = "") -> 
 def plot_results(results: Mapping[str, Mapping[str, Any]], path: str | Path,
                  title: str = "") -> Path:
     """Grouped bars: abs diff per expert and JS divergence per predictor and test set."""
-    import matplotlib
+    from moefleet.report.figures import pyplot, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
-    from moefleet.io import atomic_path
 
     tests = list(results)
     names = list(dict.fromkeys(n for r in results.values() for n in r["predictors"]))
@@ -267,8 +265,4 @@ def plot_results(results: Mapping[str, Mapping[str, Any]], path: str | Path,
     if title:
         fig.suptitle(title, fontsize="medium")
     fig.tight_layout()
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=120)

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from moefleet.errors import DataError
-from moefleet.io import atomic_path
 from moefleet.profiles.model import ComputeProfile, FunctionProfile
 
 
@@ -33,10 +32,9 @@ def _series(profile: ComputeProfile) -> list[tuple[str, FunctionProfile, dict[st
 
 def plot_profile(profile: ComputeProfile, path: str | Path) -> Path:
     """Write the two-panel PNG to ``path`` (atomically) and return the path."""
-    import matplotlib
+    from moefleet.report.figures import pyplot, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     series = _series(profile)
     fig, (ax_n, ax_v) = plt.subplots(1, 2, figsize=(12, 4.8))
@@ -63,8 +61,4 @@ def plot_profile(profile: ComputeProfile, path: str | Path) -> Path:
         ax.grid(True, which="both", alpha=0.3)
     fig.suptitle(f"compute profile of {profile.model} (markers measured, lines fitted)")
     fig.tight_layout()
-    target = Path(path)
-    with atomic_path(target) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
-    return target
+    return save_png(fig, path, dpi=110)

@@ -14,8 +14,6 @@ from typing import Any
 
 from rich.table import Table
 
-from moefleet.io import atomic_path
-
 ORDER = ("bo", "oracle", "unadjusted", "lambdaml", "cpu_cluster")
 LABELS = {"bo": "BO + ODS", "oracle": "oracle", "unadjusted": "unadjusted",
           "lambdaml": "LambdaML", "cpu_cluster": "CPU cluster"}
@@ -45,10 +43,9 @@ def demo_table(report: dict[str, Any]) -> Table:
 
 
 def demo_png(report: dict[str, Any], path: str | Path) -> Path:
-    import matplotlib
+    from moefleet.report.figures import pyplot, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = _rows(report)
     names = [LABELS[k] for k, _ in rows]
@@ -72,7 +69,5 @@ def demo_png(report: dict[str, Any], path: str | Path) -> Path:
     ax2.set_title(f"throughput (SLO {report['slo_s']:.2f} s)")
     fig.suptitle(f"{report['model']} on {report['platform']}")
     fig.tight_layout()
-    with atomic_path(Path(path)) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
+    save_png(fig, Path(path), dpi=110)
     return Path(path)

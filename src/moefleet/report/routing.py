@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from moefleet.io import atomic_path
 from moefleet.traces.schema import Trace
 
 _BARS = " ▁▂▃▄▅▆▇█"
@@ -74,10 +73,9 @@ def routing_table(summary: dict[str, Any]) -> Table:
 
 def routing_png(summary: dict[str, Any], path: str | Path) -> Path:
     """Heatmap of expert shares per layer (rows layers, columns experts)."""
-    import matplotlib
+    from moefleet.report.figures import pyplot, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = summary["layers"]
     width = max(len(r["share"]) for r in rows)
@@ -93,8 +91,4 @@ def routing_png(summary: dict[str, Any], path: str | Path) -> Path:
     ax.set_title(f"{summary['model']}: share of token slots per expert (%)")
     fig.colorbar(im, ax=ax, label="% of layer's token slots")
     fig.tight_layout()
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=120)

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 
 from moefleet.errors import DataError
-from moefleet.io import atomic_path
 from moefleet.sim.result import SimResult
 
 
@@ -22,10 +21,9 @@ def plot_timeline(result: SimResult, path: str | Path) -> Path:
     if not rows:
         raise DataError("the run has no timeline to plot (no interval elapsed)",
                         "simulate for longer than one --interval")
-    import matplotlib
+    from moefleet.report.figures import pyplot, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     t = np.array([r["t_s"] for r in rows])
     width = np.diff(np.concatenate([[0.0], t]))
@@ -60,8 +58,4 @@ def plot_timeline(result: SimResult, path: str | Path) -> Path:
                      shrink=0.5, anchor=(0.0, 0.0))
     ax_u.set(xlabel="simulated time (s)", ylabel="expert (layer-major)",
              xlim=(0.0, float(t[-1])))
-    target = Path(path)
-    with atomic_path(target) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
-    return target
+    return save_png(fig, path, dpi=110)
