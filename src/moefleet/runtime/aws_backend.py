@@ -127,8 +127,6 @@ class AwsBackend(FunctionBackend):
 
         self.platform = load_platform(platform) if isinstance(platform, str) else platform
         self._limit = payload_limit(self.platform)
-        # What a packet may weigh so that its base64 JSON event/result fits the limit.
-        self.max_inline_bytes = (self._limit - _EVENT_OVERHEAD) * 3 // 4
         self.region, self.runtime, self.prefix = region, runtime, function_prefix
         self.max_retries, self.retry_backoff_s = max_retries, retry_backoff_s
         self.role_arn = role_arn or os.environ.get("MOEFLEET_AWS_ROLE_ARN")
@@ -199,6 +197,11 @@ class AwsBackend(FunctionBackend):
             return dict(self._code)
 
     # -- FunctionBackend -----------------------------------------------------------------------
+    @property
+    def max_inline_bytes(self) -> int:
+        """What a packet may weigh so that its base64 JSON event/result fits the limit."""
+        return (self._limit - _EVENT_OVERHEAD) * 3 // 4
+
     def deploy(self, spec: FunctionSpec) -> FunctionSpec:
         self._check_open()
         spec = validate_spec(self.platform, spec)

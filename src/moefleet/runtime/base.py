@@ -259,6 +259,13 @@ class FunctionBackend(ABC):
     def functions(self) -> dict[str, FunctionSpec]:
         """Deployed functions by name."""
 
+    @property
+    def max_inline_bytes(self) -> int:
+        """The largest tensor packet sent inline (bigger ones spill to the object store):
+        the platform's synchronous payload limit, unless the backend's wire format
+        inflates packets (aws: base64 inside a JSON event) and overrides this."""
+        return payload_limit(self.platform)
+
     def spec(self, name: str) -> FunctionSpec:
         specs = self.functions()
         if name not in specs:

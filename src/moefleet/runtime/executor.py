@@ -37,7 +37,7 @@ import torch
 from moefleet.plan import expert_function, segment_function
 from moefleet.platform import InvocationRecord, ObjectStore, PlatformSpec
 from moefleet.runtime import scatter
-from moefleet.runtime.base import FunctionBackend, InvokeResult, payload_limit
+from moefleet.runtime.base import FunctionBackend, InvokeResult
 from moefleet.runtime.deploy import Deployment
 from moefleet.runtime.errors import FunctionError, GatherError, PayloadTooLargeError
 from moefleet.runtime.payload import Packet, pack, pack_spilling, resolve, unpack
@@ -107,9 +107,7 @@ class Executor:
         self.dep = deployment
         self.backend = backend
         self.platform = platform
-        # A backend whose wire format inflates payloads (aws: base64 in a JSON event)
-        # advertises a smaller raw budget; spill above that, not above the platform's.
-        self.limit = int(getattr(backend, "max_inline_bytes", payload_limit(platform)))
+        self.limit = backend.max_inline_bytes  # spill bigger packets to the store
         self.client = CountingStore(store) if store is not None else None  # billed separately
         self.store = RetryingStore(self.client) if self.client is not None else None
         self.run_id = uuid.uuid4().hex[:8]

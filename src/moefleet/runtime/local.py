@@ -132,7 +132,7 @@ class LocalBackend(FunctionBackend):
         self._pool = WorkerPool(
             workers or default_workers(),
             config={"op": "config", "store": store_cfg, "store_retries": store_retries,
-                    "max_inline_bytes": self._limit},
+                    "max_inline_bytes": self.max_inline_bytes},
             cond=self._cond, on_lost=self._forget_slot, start_method=start_method,
             startup_timeout_s=startup_timeout_s)
         self._housekeeper = threading.Thread(target=self._housekeep, daemon=True,

@@ -285,7 +285,7 @@ class RayBackend(FunctionBackend):
                   "threads": max(1, min(self.cores, round(spec.vcpus or 1.0))),
                   "handler": {"factory": spec.handler.factory, "config": spec.handler.config},
                   "timeout_s": spec.timeout_s, "init_timeout_s": self.init_timeout_s,
-                  "keep_alive_s": spec.keep_alive_s, "max_inline_bytes": self._limit}
+                  "keep_alive_s": spec.keep_alive_s, "max_inline_bytes": self.max_inline_bytes}
         # The replica enforces the handler's timeout itself; this bound only guarantees
         # that no call waits forever (queueing, replica start, a lost reply).
         bound = spec.timeout_s + self.init_timeout_s + self.admission_timeout_s
