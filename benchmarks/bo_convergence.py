@@ -44,7 +44,7 @@ def held_out(prep: Prepared, res: BOResult | None, margin: float) -> dict[str, f
     real = prep.problem(w.real_LE, w.tokens)
     oracle = OdsPlanner().plan(real).predicted["cost_usd"]
     if res is None:
-        pred = prep.predictor.predict_counts(w.requests)
+        pred = prep.predicted_LE
     else:
         with res.applied() as p:
             pred = p.predict_counts(w.requests)

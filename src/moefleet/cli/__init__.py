@@ -12,6 +12,7 @@ import typer
 from moefleet.cli import demo as _demo
 from moefleet.cli import models as _models
 from moefleet.cli import plan as _plan
+from moefleet.cli import plan_bo as _plan_bo
 from moefleet.cli import platforms as _platforms
 from moefleet.cli import predict as _predict
 from moefleet.cli import profile as _profile
@@ -32,6 +33,7 @@ app = typer.Typer(
 app.add_typer(_models.app, name="models")
 app.add_typer(_traces.app, name="traces")
 app.add_typer(_platforms.app, name="platforms")
+_plan.app.command("bo")(_plan_bo.bo_cmd)  # beside `plan show`; its own module (many options)
 app.add_typer(_plan.app, name="plan")
 app.add_typer(_predict.app, name="predict")
 app.command("profile")(_profile.profile_cmd)

@@ -207,14 +207,3 @@ def plan_table(plan: Any) -> Table:  # plan: DeploymentPlan
             _histogram([e.replicas for e in lp.experts]),
         )
     return t
-
-
-# `moefleet plan bo` lives in its own module (BO options are many); registered here so
-# that it sits beside `plan show`.
-def _register_bo() -> None:
-    from moefleet.cli.plan_bo import bo_cmd
-
-    app.command("bo")(bo_cmd)
-
-
-_register_bo()

@@ -133,6 +133,7 @@ class Prepared:
     slo_s: float
     work_dataset: str = "wikitext2:test"
     warm_instances: bool = False
+    predicted_LE: Any = None  # the unadjusted predictor's counts for the workload
 
     def problem(self, counts: np.ndarray, tokens: int) -> Any:  # -> PlanningProblem
         from moefleet.plan import PlanningProblem
@@ -149,7 +150,7 @@ class Prepared:
 def prepare(cfg: DemoConfig, say: Say = print, progress: Progress = _quiet) -> Prepared:
     """Model, compute profile, routing traces, fitted predictor, batches and the SLO."""
     from moefleet.models import load_adapter
-    from moefleet.plan import LambdaMLPlanner, PlanningProblem
+    from moefleet.plan import LambdaMLPlanner
     from moefleet.plan.bo_eval import batches_from_trace, counts_for_plan
     from moefleet.platform import load_platform
     from moefleet.predict.base import ModelShape
@@ -195,17 +196,17 @@ def prepare(cfg: DemoConfig, say: Say = print, progress: Progress = _quiet) -> P
     (workload,) = batches_from_trace(work, shape, work.num_tokens, 1)
     say(f"predictor fitted on {fit_trace.num_tokens:,} tokens; BO batches "
         f"{[b.tokens for b in bo_batches]}; workload {workload.tokens:,} tokens")
-    spec = load_platform(cfg.platform)
-    slo = cfg.slo_s
-    if slo is None:
-        pred = counts_for_plan(predictor.predict_counts(workload.requests))
-        probe = PlanningProblem.from_summary(summary, prof, spec, pred, 1e6,
-                                             tokens=workload.tokens,
-                                             warm_instances=cfg.warm_instances)
-        slo = LambdaMLPlanner().plan(probe).predicted["latency_s"] / (1 - THROUGHPUT_LOSS)
-    say(f"SLO {slo:.3f} s end to end ({cfg.platform})")
-    return Prepared(adapter, summary, prof, spec, predictor, bo_batches, workload, work, slo,
-                    work_dataset, cfg.warm_instances)
+    prep = Prepared(adapter, summary, prof, spec=load_platform(cfg.platform),
+                    predictor=predictor, bo_batches=bo_batches, workload=workload,
+                    work_trace=work, slo_s=cfg.slo_s or 1e6, work_dataset=work_dataset,
+                    warm_instances=cfg.warm_instances,
+                    predicted_LE=predictor.predict_counts(workload.requests))
+    if cfg.slo_s is None:
+        probe = prep.problem(counts_for_plan(prep.predicted_LE), workload.tokens)
+        latency = LambdaMLPlanner().plan(probe).predicted["latency_s"]
+        prep.slo_s = latency / (1 - THROUGHPUT_LOSS)
+    say(f"SLO {prep.slo_s:.3f} s end to end ({cfg.platform})")
+    return prep
 
 
 def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
@@ -230,7 +231,7 @@ def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
 
     real = prep.problem(workload.real_LE, workload.tokens)
     ods = OdsPlanner()
-    pred_work = prep.predictor.predict_counts(workload.requests)
+    pred_work = prep.predicted_LE
     with bo.applied() as adjusted:
         pred_bo = adjusted.predict_counts(workload.requests)
     plans: dict[str, Any] = {}
