@@ -93,31 +93,6 @@ def _profile(adapter: Any, dataset: str, tokens: int, max_length: int, say: Say,
     return trace
 
 
-def _split_requests(trace: Any, first_tokens: int) -> tuple[Any, Any]:
-    """The trace's requests in order: those within the first ``first_tokens``, the rest."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from moefleet.traces.schema import Trace
-
-    layer0 = min(int(x) for x in trace.meta["moe_layers"])
-    rows = trace.table.filter(pc.equal(trace.table.column("layer"), layer0))
-    rid = rows.column("request_id").to_pylist()
-    order: dict[str, int] = {}
-    for r in rid:
-        order[r] = order.get(r, 0) + 1
-    head: list[str] = []
-    total = 0
-    for r, n in order.items():
-        if total >= first_tokens:
-            break
-        head.append(r)
-        total += n
-    mask = pc.is_in(trace.table.column("request_id"), value_set=pa.array(head))
-    return (Trace(trace.table.filter(mask), trace.meta),
-            Trace(trace.table.filter(pc.invert(mask)), trace.meta))
-
-
 @dataclass
 class Prepared:
     """Stages 1-4: everything BO and the comparison need (see the module doc)."""
@@ -151,7 +126,7 @@ def prepare(cfg: DemoConfig, say: Say = print, progress: Progress = _quiet) -> P
     """Model, compute profile, routing traces, fitted predictor, batches and the SLO."""
     from moefleet.models import load_adapter
     from moefleet.plan import LambdaMLPlanner
-    from moefleet.plan.bo_eval import batches_from_trace, counts_for_plan
+    from moefleet.plan.bo_eval import batches_from_trace, counts_for_plan, split_requests
     from moefleet.platform import load_platform
     from moefleet.predict.base import ModelShape
     from moefleet.predict.bayes import BayesPredictor
@@ -179,14 +154,14 @@ def prepare(cfg: DemoConfig, say: Say = print, progress: Progress = _quiet) -> P
                 f"{cfg.fit_tokens + bo_part:,} (is ../shared/data beside the checkout?); "
                 f"scaled to {fit_tokens:,} for the predictor and BO batches of "
                 f"{batch_tokens:,}")
-        fit_trace, bo_trace = _split_requests(train, fit_tokens)
+        fit_trace, bo_trace = split_requests(train, fit_tokens)
     else:
         work_dataset = cfg.traffic
         fit_trace = _profile(adapter, "wikitext2:train", cfg.fit_tokens, cfg.max_length, say,
                              progress)
         shifted = _profile(adapter, cfg.traffic, bo_part + cfg.workload_tokens,
                            cfg.max_length, say, progress)
-        bo_trace, work = _split_requests(shifted, bo_part)
+        bo_trace, work = split_requests(shifted, bo_part)
     if work.num_tokens < 0.9 * cfg.workload_tokens:  # whole requests: a little short is normal
         say(f"note: the workload has {work.num_tokens:,} tokens, not {cfg.workload_tokens:,} "
             f"({work_dataset} holds no more here)")

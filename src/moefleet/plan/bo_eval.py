@@ -56,6 +56,30 @@ class BOBatch:
         return sum(r.num_tokens for r in self.requests)
 
 
+def pack_requests(sizes: list[int], budget: int) -> list[list[int]]:
+    """Request indices packed in order into groups of about ``budget`` tokens: a group
+    closes once it holds ``budget`` or more (so it overshoots by under one request)."""
+    groups: list[list[int]] = [[]]
+    size = 0
+    for idx, n in enumerate(sizes):
+        if size >= budget:
+            groups.append([])
+            size = 0
+        groups[-1].append(idx)
+        size += n
+    return groups
+
+
+def split_requests(trace: Trace, first_tokens: int) -> tuple[Trace, Trace]:
+    """The trace's whole requests in order: the first group of ``first_tokens`` (as
+    :func:`pack_requests` packs it), and the rest."""
+    ta = TraceArrays.from_trace(trace)
+    groups = pack_requests([r.num_tokens for r in ta.requests()], first_tokens)
+    head = np.isin(ta.req_idx_N, np.asarray(groups[0], np.int64))
+    return (Trace(trace.table.filter(head), trace.meta),
+            Trace(trace.table.filter(~head), trace.meta))
+
+
 def batches_from_trace(trace: Trace, shape: ModelShape, batch_tokens: int,
                        max_batches: int | None = None) -> list[BOBatch]:
     """Whole requests packed in order into batches of about ``batch_tokens`` tokens; a
@@ -64,14 +88,7 @@ def batches_from_trace(trace: Trace, shape: ModelShape, batch_tokens: int,
         raise DataError(f"batch_tokens must be >= 1, got {batch_tokens}", "e.g. 10240")
     ta = TraceArrays.from_trace(trace, shape)
     reqs = ta.requests()
-    groups: list[list[int]] = [[]]
-    size = 0
-    for idx, r in enumerate(reqs):
-        if size >= batch_tokens:
-            groups.append([])
-            size = 0
-        groups[-1].append(idx)
-        size += r.num_tokens
+    groups = pack_requests([r.num_tokens for r in reqs], batch_tokens)
     if len(groups) > 1 and sum(reqs[i].num_tokens for i in groups[-1]) < batch_tokens / 2:
         groups.pop()
     if max_batches is not None:
