@@ -173,8 +173,7 @@ def _run(deployment: Path | None, plan: Path | None, dataset: str, tokens: int,
          batch_size: int, max_length: int, backend_name: str, store_url: str,
          workers: int | None, check: bool, json_mode: bool) -> dict[str, Any]:
     from moefleet.cli.models import load_with_progress
-    from moefleet.cli.profile import split_dataset
-    from moefleet.data import load_prompts
+    from moefleet.data import load_prompts, split_dataset
     from moefleet.platform import load_platform, open_store
     from moefleet.runtime.base import create_backend
     from moefleet.runtime.deploy import Deployment, install, remove_objects

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from moefleet.errors import MoefleetError
+from moefleet.models.shape import ModelShape
 
 THROUGHPUT_LOSS = 0.1876  # the SLO: LambdaML's latency / (1 - the paper's largest loss)
 
@@ -78,8 +79,7 @@ def _quiet(_label: str, _done: int, _total: int) -> None:
 
 def _profile(adapter: Any, dataset: str, tokens: int, max_length: int, say: Say,
              progress: Progress = _quiet) -> Any:
-    from moefleet.cli.profile import split_dataset
-    from moefleet.data import load_prompts
+    from moefleet.data import load_prompts, split_dataset
     from moefleet.traces import profile
 
     name, split = split_dataset(dataset)
@@ -98,7 +98,7 @@ class Prepared:
     """Stages 1-4: everything BO and the comparison need (see the module doc)."""
 
     adapter: Any
-    summary: Any
+    summary: ModelShape
     profile: Any
     spec: Any
     predictor: Any  # BayesPredictor fitted on the first part of the train trace
@@ -128,7 +128,6 @@ def prepare(cfg: DemoConfig, say: Say = print, progress: Progress = _quiet) -> P
     from moefleet.plan import LambdaMLPlanner
     from moefleet.plan.bo_eval import batches_from_trace, counts_for_plan, split_requests
     from moefleet.platform import load_platform
-    from moefleet.predict.base import ModelShape
     from moefleet.predict.bayes import BayesPredictor
     from moefleet.profiles.cache import profile_for
 
@@ -288,8 +287,7 @@ def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, dataset: str,
 
 
 def _workload_texts(work: Any, dataset: str) -> tuple[list[str], list[str]]:
-    from moefleet.cli.profile import split_dataset
-    from moefleet.data import load_prompts
+    from moefleet.data import load_prompts, split_dataset
 
     name, split = split_dataset(dataset)
     wanted = list(dict.fromkeys(work.table.column("request_id").to_pylist()))
