@@ -256,29 +256,18 @@ def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, dataset: str,
 
     from moefleet.plan import DeploymentPlan
     from moefleet.platform import open_store
-    from moefleet.runtime.base import create_backend, validate_spec
-    from moefleet.runtime.deploy import deploy_plan, install
-    from moefleet.runtime.executor import Executor
-    from moefleet.runtime.runner import make_batches, run_workload
+    from moefleet.runtime.runner import make_batches
+    from moefleet.runtime.session import run_plan
 
     plan = DeploymentPlan.load(plan_path)
     rids, texts = _workload_texts(work, dataset)
     batches = make_batches(adapter, rids, texts, max_tokens=work.num_tokens,
                            max_length=cfg.max_length, batch_size=8)
+    options: dict[str, Any] = {} if cfg.workers is None else {"workers": cfg.workers}
     with tempfile.TemporaryDirectory(prefix="moefleet-demo-store-") as tmp:
-        store = open_store(tmp)
-        dep = deploy_plan(adapter, plan, spec, store, backend_name="local")
-        dep.functions = [validate_spec(spec, f) for f in dep.functions]
-        options: dict[str, Any] = {"store": dep.store}
-        if cfg.workers is not None:
-            options["workers"] = cfg.workers
-        backend = create_backend("local", spec, **options)
-        try:
-            install(dep, backend)
-            with Executor(dep, backend, store, spec) as executor:
-                s = run_workload(executor, batches, reference=adapter, progress=progress)
-        finally:
-            backend.teardown()
+        s = run_plan(plan, batches, platform=spec, store=open_store(tmp), adapter=adapter,
+                     backend="local", backend_options=options, reference=adapter,
+                     progress=progress)
     moe = s["cost_usd"]["by_kind"].get("expert", 0.0)
     return {"moe_cost_usd": moe, "total_cost_usd": s["cost_usd"]["total"],
             "throughput_tokens_per_s": s["throughput_tokens_per_s"], "tokens": s["tokens"],
