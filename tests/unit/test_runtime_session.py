@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
 from moefleet.plan import DeploymentPlan
 from moefleet.platform import LocalObjectStore, load_platform
 from moefleet.runtime.deploy import Deployment
-from moefleet.runtime.session import Session, open_deployment, run_plan
+from moefleet.runtime.session import Session, deploy, open_deployment
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -25,14 +24,15 @@ def _setup(tmp_path: Path) -> tuple[HFMoEAdapter, DeploymentPlan, LocalObjectSto
     return adapter, plan, LocalObjectStore(tmp_path / "store")
 
 
-def test_run_plan_equals_the_model_and_leaves_nothing(tmp_path: Path) -> None:
+def test_a_session_on_an_existing_deployment_keeps_its_weights(tmp_path: Path) -> None:
+    # running a plan end to end (run_plan) is covered by moefleet run's tests
     adapter, plan, store = _setup(tmp_path)
-    ids = torch.randint(0, 1000, (2, 6), generator=torch.Generator().manual_seed(0))
-    batches = [(ids, torch.ones_like(ids), ["a", "b"])]
-    out = run_plan(plan, batches, platform=load_platform("aws-lambda"), store=store,
-                   adapter=adapter, backend_options={"workers": 1}, reference=adapter)
-    assert out["tokens"] == 12 and out["max_abs_diff"] <= 1e-4
-    assert store.list("") == []  # the weights it uploaded are gone again
+    platform = load_platform("aws-lambda")
+    dep = deploy(plan, adapter, platform, store)
+    with open_deployment(dep, platform=platform, store=store,
+                         backend_options={"workers": 1}) as session:
+        assert session.deployment is dep
+    assert store.list(dep.prefix + "/")  # not this session's to remove
 
 
 def test_an_error_inside_the_session_still_tears_down(tmp_path: Path) -> None:
@@ -53,8 +53,6 @@ def test_an_error_inside_the_session_still_tears_down(tmp_path: Path) -> None:
 
 def test_deployments_saved_before_model_shape_still_load(tmp_path: Path) -> None:
     adapter, plan, store = _setup(tmp_path)
-    from moefleet.runtime.session import deploy
-
     dep = deploy(plan, adapter, load_platform("aws-lambda"), store)
     old = dep.to_dict()
     shape = old.pop("shape")
