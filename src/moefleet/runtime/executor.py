@@ -112,7 +112,9 @@ class Executor:
         self.run_id = uuid.uuid4().hex[:8]
         self._batches = itertools.count()
         self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="moefleet-exec")
-        self._replicas = {lp.layer: [ec.replicas for ec in lp.experts]
+        # replicas per expert id, from the placement (one function per expert today)
+        self._replicas = {lp.layer: [deployment.placement.holder(lp.layer, i).replicas
+                                     for i in range(len(lp.experts))]
                           for lp in deployment.plan.layers}
 
     def close(self) -> None:
