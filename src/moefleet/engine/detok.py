@@ -47,10 +47,7 @@ class Detokenizer:
             if hits:
                 self._stop_at = min(hits)
                 return "", True
-        if final or not stops:
-            hold = 0
-        else:
-            hold = max(len(s) for s in stops) - 1
+        hold = 0 if final or not stops else max(len(s) for s in stops) - 1
         upto = max(self.sent, len(self.text) - hold)
         out, self.sent = self.text[self.sent: upto], upto
         return out, False

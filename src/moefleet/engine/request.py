@@ -7,6 +7,7 @@ Times are seconds on the engine's clock (monotonic; a fake clock in tests).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -131,7 +132,7 @@ class RequestTimes:
     def itl_s(self) -> list[float]:
         """Inter-token latencies: gaps between consecutive output tokens."""
         t = self.token_times
-        return [b - a for a, b in zip(t, t[1:], strict=False)]
+        return [b - a for a, b in itertools.pairwise(t)]
 
     @property
     def tpot_s(self) -> float | None:

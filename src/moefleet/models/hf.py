@@ -178,7 +178,8 @@ class HFMoEAdapter(MoEModelAdapter):
         j_S = torch.arange(view.key_len, device=dev)
         total_B = torch.tensor([p + n for p, n in zip(view.past_lens, view.new_lens,
                                                       strict=True)], device=dev)
-        seen_BTS = (j_S[None, None] <= pos_BT[:, :, None]) & (j_S[None, None] < total_B[:, None, None])
+        seen_BTS = ((j_S[None, None] <= pos_BT[:, :, None])
+                    & (j_S[None, None] < total_B[:, None, None]))
         neg = torch.finfo(dtype).min
 
         def additive(ok_BTS: torch.Tensor) -> torch.Tensor:

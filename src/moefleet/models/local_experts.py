@@ -62,4 +62,7 @@ def grouped_matmul(x_ND: torch.Tensor, ids_NK: torch.Tensor, w_NK: torch.Tensor,
     gate_ECF, up_ECF = torch.bmm(x_ECD, gate_up_E2FD.transpose(1, 2)).chunk(2, dim=-1)
     y_ECD = torch.bmm(act(gate_ECF) * up_ECF, down_EDF.transpose(1, 2))
     slots = y_ECD[sorted_e, rank] * w_NK.reshape(-1)[order, None].to(x_ND.dtype)
-    return torch.zeros_like(x_ND).index_add_(0, token, slots.to(x_ND.dtype))
+    # back to (token, k) order, then sum over k: no scatter-add needed
+    y_NKD = torch.empty(N * K, D, dtype=x_ND.dtype, device=x_ND.device)
+    y_NKD[order] = slots.to(x_ND.dtype)
+    return y_NKD.view(N, K, D).sum(dim=1)
