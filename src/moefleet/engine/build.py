@@ -29,7 +29,7 @@ def resolve_device(device: str) -> torch.device:
     raise EngineError(f"unknown device {device!r}", "use cpu, cuda or cuda:N")
 
 
-def build_engine(adapter: MoEModelAdapter, *, device: str = "cpu", kernel: Kernel = "stacked",
+def build_engine(adapter: MoEModelAdapter, *, device: str = "cpu", kernel: Kernel = "auto",
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  kv_budget_bytes: int | None = None, **engine_kw: Any) -> Engine:
     if not 1 <= max_num_seqs <= MAX_NUM_SEQS:
