@@ -7,8 +7,8 @@ vCPUs;
 thread scaling cannot be measured on this loaded 2-core machine, so T(y) is fitted
 (:func:`fit_time_law`) to Amdahl points t1·(f + (1 − f)/v), v = 1..8, with serial
 fraction f = 5% (an ASSUMPTION). GPU times are a roofline from the platform GPU's
-datasheet (bf16 FLOP/s, memory bandwidth): nothing is measured on a GPU here, so every figure that uses them
-is "GPU emulated".
+datasheet (bf16 FLOP/s, memory bandwidth): nothing is measured on a GPU here, so every
+figure that uses them is "GPU emulated".
 """
 
 from __future__ import annotations
@@ -112,7 +112,8 @@ def problem_for(dims: ModelDims, timing: Timing, spec: Any, s_LE: np.ndarray, *,
                 n_in: int, n_out: int, ttft_slo_s: float, tpot_slo_s: float,
                 main_memory_mb: list[int] | None = None,
                 remote_memory_mb: list[int] | None = None, gpu: bool = True,
-                max_replicas: int = 8, model: str | None = None) -> RemoeProblem:
+                max_replicas: int = 8, model: str | None = None,
+                remote_spec: Any = None) -> RemoeProblem:
     """A problem on platform ``spec`` (a faas PlatformSpec). CPU price per GB-s is memory
     plus one vCPU per GB (1 GB = 1 vCPU, the paper's assumption); GPU price per GB of GPU
     memory, billed in the platform's slices. Memory options default to the platform's
@@ -131,17 +132,22 @@ def problem_for(dims: ModelDims, timing: Timing, spec: Any, s_LE: np.ndarray, *,
         raise RemoeError(f"platform '{spec.name}' has no GPU functions",
                          "use a GPU platform (alibaba-fc-gpu, gcp-cloud-run-l4) or "
                          "--policy cpu")
-    offered = spec.memory_options_mb()
-    main = main_memory_mb or offered
-    remote = remote_memory_mb or [m for m in offered if m <= 5120] or offered[:1]
-    for what, opts in (("main", main), ("remote", remote)):
-        bad = [m for m in opts if not spec.is_valid_memory(int(m))]
+    rspec = remote_spec or spec
+    if not rspec.is_faas:
+        raise RemoeError(f"remote platform '{rspec.name}' is not a FaaS platform",
+                         "use e.g. alibaba-fc or gcp-cloud-run-functions")
+    main = main_memory_mb or spec.memory_options_mb()
+    r_offered = rspec.memory_options_mb()
+    remote = remote_memory_mb or [m for m in r_offered if m <= 5120] or r_offered[:1]
+    for what, sp, opts in (("main", spec, main), ("remote", rspec, remote)):
+        bad = [m for m in opts if not sp.is_valid_memory(int(m))]
         if bad:
             raise RemoeError(
-                f"{what} memory option(s) {bad[:5]} MB are not offered by '{spec.name}'",
-                f"nearest valid options: {spec.nearest_memory_options(bad[0])} MB")
-    pr = spec.prices
-    c_c = pr.per_gb_s + pr.per_vcpu_s
+                f"{what} memory option(s) {bad[:5]} MB are not offered by '{sp.name}'",
+                f"nearest valid options: {sp.nearest_memory_options(bad[0])} MB")
+    pr, rpr = spec.prices, rspec.prices
+    # One price for CPU GB-s: the remote platform's (the main's CPU part differs little).
+    c_c = rpr.per_gb_s + rpr.per_vcpu_s
     c_g = pr.per_gpu_s / spec.gpu.memory_gb if (gpu and spec.gpu is not None) else 0.0
     slice_gb = spec.gpu.slice_gb if spec.gpu is not None else 1.0
     t1 = dims.expert_flops_per_token / timing.cpu_flops_1
@@ -159,8 +165,8 @@ def problem_for(dims: ModelDims, timing: Timing, spec: Any, s_LE: np.ndarray, *,
         ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, main_memory_mb=tuple(main),
         remote_memory_mb=tuple(remote), cpu_price_gb_s=c_c, gpu_price_gb_s=c_g,
         token_bytes=float(dims.hidden * B),
-        transfer_bytes_s=spec.network.function_bandwidth_bytes_per_s,
-        invoke_overhead_s=spec.startup.warm_start_s, law=law,
+        transfer_bytes_s=rspec.network.function_bandwidth_bytes_per_s,
+        invoke_overhead_s=rspec.startup.warm_start_s, law=law,
         expert_bytes=float(dims.expert_params * B),
         nonexpert_bytes=float(dims.nonexpert_params * B),
         kv_bytes_per_token=dims.kv_bytes_per_token, nonexpert_token_s=ne_gpu,
@@ -168,6 +174,7 @@ def problem_for(dims: ModelDims, timing: Timing, spec: Any, s_LE: np.ndarray, *,
         prefill_factor=timing.cpu_flops_1 / timing.cpu_flops_batch,
         nonexpert_cpu_token_s=2 * ne_layer / timing.cpu_flops_1,
         gpu_expert_token_s=ex_gpu, swap_bytes_s=timing.swap_bytes_s,
-        cold_main_s=spec.startup.cold_start_s, cold_remote_s=spec.startup.cold_start_s,
-        gpu_slice_gb=slice_gb, payload_bytes=float(spec.limits.sync_payload_bytes),
-        max_replicas=min(max_replicas, spec.limits.max_replicas), platform=spec.name)
+        cold_main_s=spec.startup.cold_start_s, cold_remote_s=rspec.startup.cold_start_s,
+        gpu_slice_gb=slice_gb, payload_bytes=float(rspec.limits.sync_payload_bytes),
+        max_replicas=min(max_replicas, rspec.limits.max_replicas),
+        platform=spec.name if rspec is spec else f"{spec.name}+{rspec.name}")
