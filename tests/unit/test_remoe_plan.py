@@ -214,3 +214,21 @@ def test_problem_validation() -> None:
         tiny(main_memory_mb=(2048, 1024))
     with pytest.raises(RemoeError, match="top_k"):
         tiny(top_k=3)
+
+
+def test_planner_end_to_end_and_sweep() -> None:
+    from moefleet.plan.remoe import plan_policy
+
+    p = _deep(L=3, tpot_slo_s=0.2)
+    paper = plan_policy(p, "remoe")
+    swept = plan_policy(p, "remoe-sweep")
+    assert paper.estimate.meets(p) and swept.estimate.meets(p)
+    assert swept.estimate.cost <= paper.estimate.cost * (1 + 1e-12)
+    assert paper.meta["mmp"]["b"] * p.num_experts == paper.layout.remote_LE[0].sum()
+    z = paper.layout.replicas
+    assert all(1 <= zl <= p.max_replicas for zl, has in
+               zip(z, paper.layout.remote_LE.any(axis=1), strict=True) if has)
+    plan = paper.to_plan(p)
+    assert plan.main is not None and plan.main.memory_mb == paper.layout.main_mb
+    mix = plan_policy(p, "mix", check_slo=False)
+    assert swept.estimate.cost <= mix.estimate.cost * (1 + 1e-9) or not mix.estimate.meets(p)

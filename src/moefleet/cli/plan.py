@@ -107,8 +107,8 @@ def plan_cmd(
     model: Annotated[str | None, typer.Option(
         "--model", "-m", help="Model the plan is for (default: the profile's).")] = None,
     policy: Annotated[str, typer.Option(
-        help="ods | ods-paper | miqcp | random | lambdaml; Remoe: remoe | cpu | gpu | mix "
-        "| fetch.")] = "ods",
+        help="ods | ods-paper | miqcp | random | lambdaml; Remoe: remoe | remoe-sweep | "
+        "cpu | gpu | mix | fetch.")] = "ods",
     platform: Annotated[str, typer.Option(help="Platform name or YAML.")] = "aws-lambda",
     slo: Annotated[float | None, typer.Option(help="End-to-end latency limit, seconds.")] = None,
     counts: Annotated[Path | None, typer.Option(

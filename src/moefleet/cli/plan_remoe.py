@@ -9,7 +9,7 @@ from typing import Any
 
 from moefleet.errors import DataError, MoefleetError
 
-REMOE_POLICIES = ("remoe", "cpu", "gpu", "mix", "fetch")
+REMOE_POLICIES = ("remoe", "remoe-sweep", "cpu", "gpu", "mix", "fetch")
 #: Largest activation file we read (a 61 x 256 matrix in JSON is ~1 MB).
 MAX_ACTIVATION_BYTES = 64 * 2**20
 

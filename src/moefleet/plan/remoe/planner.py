@@ -1,10 +1,11 @@
 """Remoe's planner and its baselines, and their plan files.
 
-``plan_policy(problem, "remoe")`` runs MMP → remote selection → Lagrangian memory → LPT
-replicas and evaluates the layout with eqs. 1-10; ``cpu``, ``gpu``, ``mix`` and
-``fetch`` are the paper's baselines (V-C), each sized to the smallest memory that holds
-it. Every policy raises :class:`InfeasibleError` when its expected TTFT/TPOT misses the
-SLOs, unless ``check_slo=False`` (benchmarks compare costs regardless).
+``plan_policy(problem, "remoe")`` (or ``"remoe-sweep"``, see :func:`plan_remoe`) runs
+MMP → remote selection → Lagrangian memory → LPT replicas and evaluates the layout
+with eqs. 1-10; ``cpu``, ``gpu``, ``mix`` and ``fetch`` are the paper's baselines
+(V-C), each sized to the smallest memory that holds it. Every policy raises
+:class:`InfeasibleError` when its expected TTFT/TPOT misses the SLOs, unless
+``check_slo=False`` (benchmarks compare costs regardless).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from moefleet.plan.remoe.solve import (
     mmp,
     select_remote,
     solve_memory,
+    worst_case,
 )
 
-POLICIES: tuple[str, ...] = KINDS
+POLICIES: tuple[str, ...] = (*KINDS, "remoe-sweep")
 
 
 @dataclass
@@ -70,8 +72,8 @@ class RemoeResult:
                            "to them; nothing here ran on a GPU")
         return DeploymentPlan(
             model=p.model, platform=p.platform or "custom", segment_memory_mb=[],
-            layers=layer_plans, policy=f"remoe-{self.policy}" if self.policy != "remoe"
-            else "remoe", predicted=predicted, meta=meta,
+            layers=layer_plans, policy=self.policy if self.policy.startswith("remoe")
+            else f"remoe-{self.policy}", predicted=predicted, meta=meta,
             main=MainFunction(memory_mb=lay.main_mb, gpu_gb=float(est.gpu_gb)),
             groups=groups)
 
@@ -84,24 +86,58 @@ def _check(p: RemoeProblem, name: str, est: Estimate, check_slo: bool) -> None:
             f"{p.tpot_slo_s:.4g} s", "raise the SLOs or use --policy remoe")
 
 
-def plan_remoe(p: RemoeProblem, check_slo: bool = True) -> RemoeResult:
-    """MMP → utility selection → Lagrangian memory → LPT replicas (IV-C..IV-F)."""
+def _pipeline(p: RemoeProblem, r: int, main_mb: int) -> tuple[Layout, Estimate, Any, list[int],
+                                                               int]:
+    x = select_remote(p, r)
+    gpu_gb = p.gpu_memory_gb()
+    mem = solve_memory(p, x, main_mb, gpu_gb)
+    rate = p.gpu_price_gb_s * gpu_gb + p.cpu_price_gb_s * p.gb(main_mb)
+    z, steps = choose_replicas(p, x, main_mb, mem.remote_mb, rate)
+    lay = build_layout(p, x, main_mb, mem.remote_mb, z)
+    return lay, evaluate(p, lay), mem, z, steps
+
+
+def plan_remoe(p: RemoeProblem, check_slo: bool = True, sweep: bool = False) -> RemoeResult:
+    """MMP → utility selection → Lagrangian memory → LPT replicas (IV-C..IV-F).
+
+    ``sweep`` (ours, not the paper's): MMP returns the *largest* remote ratio b whose
+    worst case meets the SLOs, which is not always the cheapest; with ``sweep`` the rest
+    of the pipeline also runs at b·{3/4, 1/2, 1/4, 0} (main memory re-sized by MMP's rule,
+    worst case re-checked) and the cheapest layout wins."""
     if not p.has_gpu:
         raise RemoeError("Remoe's main function needs a GPU price (gpu_price_gb_s > 0)",
                          "use a GPU platform, or --policy cpu")
     t0 = time.perf_counter()
     m = mmp(p)
-    x = select_remote(p, m.remote_per_layer)
-    gpu_gb = p.gpu_memory_gb()
-    mem = solve_memory(p, x, m.main_mb, gpu_gb)
-    rate = p.gpu_price_gb_s * gpu_gb + p.cpu_price_gb_s * p.gb(m.main_mb)
-    z, steps = choose_replicas(p, x, m.main_mb, mem.remote_mb, rate)
-    lay = build_layout(p, x, m.main_mb, mem.remote_mb, z)
-    est = evaluate(p, lay)
+    E = p.num_experts
+    cands = [m.remote_per_layer]
+    if sweep:
+        cands += sorted({round(m.remote_per_layer * f) for f in (0.75, 0.5, 0.25, 0.0)}
+                        - {m.remote_per_layer}, reverse=True)
+    best: tuple[Layout, Estimate, Any, list[int], int] | None = None
+    tried = []
+    for r in cands:
+        main_mb = m.main_mb
+        if r != m.remote_per_layer:
+            x = select_remote(p, r)
+            need = max(main_need_mb(p, "remoe", x), p.remote_memory_mb[-1])
+            if need > p.main_memory_mb[-1]:
+                continue
+            main_mb = p.round_main(need)
+            ttft_wc, tpot_wc = worst_case(p, r, main_mb)
+            if ttft_wc > p.ttft_slo_s or tpot_wc > p.tpot_slo_s:
+                continue
+        got = _pipeline(p, r, main_mb)
+        tried.append({"b": r / E, "cost_usd": got[1].cost})
+        if best is None or got[1].cost < best[1].cost:
+            best = got
+    assert best is not None  # MMP's own ratio always runs
+    lay, est, mem, z, steps = best
     solve_s = time.perf_counter() - t0
     meta = {
         "mmp": {"b": m.b, "remote_per_layer": m.remote_per_layer, "main_mb": m.main_mb,
                 "ttft_worst_case_s": m.ttft_wc_s, "tpot_worst_case_s": m.tpot_wc_s},
+        "chosen_b": float(lay.remote_LE[0].sum()) / E, "sweep": tried if sweep else None,
         "memory": {"lambda": mem.lam, "primal": mem.primal, "dual": mem.dual,
                    "y_continuous_mb": [None if np.isnan(v) else float(v) * 1024
                                        for v in mem.y_gb],
@@ -110,7 +146,7 @@ def plan_remoe(p: RemoeProblem, check_slo: bool = True) -> RemoeResult:
         "replicas": {"z": z, "steps": steps},
     }
     _check(p, "Remoe", est, check_slo)
-    return RemoeResult("remoe", lay, est, solve_s, meta)
+    return RemoeResult("remoe-sweep" if sweep else "remoe", lay, est, solve_s, meta)
 
 
 def plan_baseline(p: RemoeProblem, kind: Kind, check_slo: bool = True) -> RemoeResult:
@@ -132,8 +168,8 @@ def plan_baseline(p: RemoeProblem, kind: Kind, check_slo: bool = True) -> RemoeR
 
 
 def plan_policy(p: RemoeProblem, policy: str, check_slo: bool = True) -> RemoeResult:
-    if policy == "remoe":
-        return plan_remoe(p, check_slo)
+    if policy in ("remoe", "remoe-sweep"):
+        return plan_remoe(p, check_slo, sweep=policy == "remoe-sweep")
     for kind in KINDS:
         if kind == policy:
             return plan_baseline(p, kind, check_slo)
