@@ -131,8 +131,9 @@ def main() -> None:
                 ratios_b.append(res.meta["mmp"]["b"])
             if kind == "remoe-sweep":
                 chosen_b.append(res.meta["chosen_b"])
-                if q == 0:
-                    details = [res.meta, res.estimate.to_dict()]
+            if q == 0 and kind.startswith("remoe"):
+                details.append({"policy": kind, "meta": res.meta,
+                                "estimate": res.estimate.to_dict()})
     total = {k: float(sum(v)) for k, v in costs.items()}
     # Fig. 10: cost vs prefill/decode ratio, 400 tokens per request, mean activation
     mean_s = to_deepseek(dist_RLE.mean(axis=0))
@@ -194,7 +195,7 @@ def main() -> None:
         "planning_s_median": {k: statistics.median(v) for k, v in solve.items()},
         "planning_s_max": {k: max(v) for k, v in solve.items()},
         "fig10_cost_vs_prefill_decode_ratio": fig10,
-        "theorem1": theorem, "first_request_remoe": details,
+        "theorem1": theorem, "first_request": details,
         "machine": {"cpus": os.cpu_count(), "load": os.getloadavg()},
     }
     write_json_atomic(args.out, out)
