@@ -138,8 +138,14 @@ class MetricsSnapshot:
         return self.functions[name].config
 
 
-class AutoscalePolicy(ABC):
-    """``decide(snapshot, state) -> (decisions, state)``; must not mutate ``state``."""
+class Controller(ABC):
+    """``decide(snapshot, state) -> (decisions, state)``; must not mutate ``state``.
+
+    The general control-loop interface: autoscalers (HPA, ElasticMoE, sMoE) decide
+    function configurations; other controllers (e.g. an SLO-aware brownout controller)
+    fit the same shape with their own decision type. ``AutoscalePolicy`` is the older
+    name of this class and stays an alias.
+    """
 
     name: str = "policy"
 
@@ -156,7 +162,10 @@ class AutoscalePolicy(ABC):
         return self.decide(snapshot, state)
 
 
-class StaticPolicy(AutoscalePolicy):
+AutoscalePolicy = Controller  # the older name, kept for existing callers
+
+
+class StaticPolicy(Controller):
     """Never changes anything: the deployment plan as written (ServerlessMoE baseline)."""
 
     name = "static"

@@ -9,6 +9,7 @@ import os
 
 import typer
 
+from moefleet.cli import autoscale as _autoscale
 from moefleet.cli import demo as _demo
 from moefleet.cli import models as _models
 from moefleet.cli import plan as _plan
@@ -31,6 +32,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(_models.app, name="models")
+app.add_typer(_autoscale.app, name="autoscale")
 app.add_typer(_traces.app, name="traces")
 app.add_typer(_platforms.app, name="platforms")
 _plan.app.command("bo")(_plan_bo.bo_cmd)  # beside `plan show`; its own module (many options)

@@ -43,16 +43,18 @@ class DDPGConfig:
     tau: float = 0.02
     actor_lr: float = 3e-4
     critic_lr: float = 1e-3
-    batch_size: int = 32
+    batch_size: int = 16
     replay_size: int = 20_000
     warmup: int = 64  # transitions before the first update
     updates_per_step: int = 1
     beta: float = 0.1  # the reward's cost coefficient (eq. 13)
     slo_penalty_cap: float = 10.0  # the SLO term is clipped at -cap (units of the SLO)
     temperature: float = 1.0
-    epsilon: float = 0.2  # exploration: chance a function takes a random valid config
+    epsilon: float = 0.1  # exploration: chance a function takes a random valid config
     epsilon_min: float = 0.02
     epsilon_decay: float = 0.995  # per control interval
+    bc_weight: float = 1.0  # imitation of demonstration transitions, fading out ...
+    bc_updates: int = 3000  # ... linearly over this many updates
 
 
 @dataclass
@@ -63,6 +65,7 @@ class Transition:
     reward_G: torch.Tensor
     x2_NF: torch.Tensor
     valid2_NC: torch.Tensor
+    demo: bool = False  # the action came from a demonstrating controller
 
 
 def group_rewards(dag: PipelineDAG, snap: MetricsSnapshot, slo_s: float,
@@ -125,11 +128,15 @@ class SmoeAgent:
         """Config index per node: the arg-max of the scores (never an invalid one)."""
         scores_NC = self.actor(x_NF[None], valid_NC[None])[0]
         action_N = scores_NC.argmax(dim=-1)
-        if explore:
-            for v in range(action_N.shape[0]):
-                if self.rng.random() < self.epsilon:
-                    choices = torch.nonzero(valid_NC[v]).flatten().tolist()
-                    action_N[v] = self.rng.choice(choices)
+        return self.explore(action_N, valid_NC) if explore else action_N
+
+    def explore(self, action_N: torch.Tensor, valid_NC: torch.Tensor) -> torch.Tensor:
+        """Epsilon-greedy over valid configs; an invalid given action becomes valid."""
+        action_N = action_N.clone()
+        for v in range(action_N.shape[0]):
+            if self.rng.random() < self.epsilon or not bool(valid_NC[v, action_N[v]]):
+                choices = torch.nonzero(valid_NC[v]).flatten().tolist()
+                action_N[v] = self.rng.choice(choices)
         return action_N
 
     # ---- learning -------------------------------------------------------------------
@@ -163,6 +170,14 @@ class SmoeAgent:
         nn.utils.clip_grad_norm_(self.critic.parameters(), 5.0)
         self.opt_c.step()
         loss_a = self.actor_loss(x, valid)
+        demo_B = torch.tensor([t.demo for t in batch])
+        bc_w = cfg.bc_weight * max(0.0, 1.0 - self.updates / max(cfg.bc_updates, 1))
+        if bc_w > 0 and bool(demo_B.any()):
+            # Warm start from logged experience: cross-entropy toward the demonstrated
+            # configs (valid by construction), fading out so the critic takes over.
+            logp_BNC = torch.log_softmax(self.actor(x[demo_B], valid[demo_B]), dim=-1)
+            nll = -logp_BNC.gather(-1, act[demo_B][..., None]).mean()
+            loss_a = loss_a + bc_w * nll
         self.opt_a.zero_grad()
         loss_a.backward()
         nn.utils.clip_grad_norm_(self.actor.parameters(), 5.0)
@@ -193,6 +208,7 @@ class _Prev:
     x_NF: torch.Tensor
     valid_NC: torch.Tensor
     action_N: torch.Tensor
+    demo: bool = False
 
 
 @dataclass
@@ -212,7 +228,7 @@ class SmoeController(AutoscalePolicy):
     name = "smoe"
 
     def __init__(self, agent: SmoeAgent, slo_s: float, price_per_s: Callable[[int], float],
-                 *, learn: bool = False) -> None:
+                 *, learn: bool = False, behaviour: AutoscalePolicy | None = None) -> None:
         if not (math.isfinite(slo_s) and slo_s > 0):
             from moefleet.autoscale.base import AutoscaleError
 
@@ -222,6 +238,10 @@ class SmoeController(AutoscalePolicy):
         sp = agent.space
         self.options = (sp.memory_mb, sp.replicas, sp.concurrency)
         self.log = StepLog()
+        self.behaviour = behaviour  # acts instead of the actor (logged experience)
+
+    def initial_state(self) -> PolicyState:
+        return (None, self.behaviour.initial_state() if self.behaviour is not None else None)
 
     def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
                                                                              PolicyState]:
@@ -232,21 +252,29 @@ class SmoeController(AutoscalePolicy):
         x_NF, peak_N = node_features(ag.dag, snapshot, self.slo_s, self.options)
         valid_NC = ag.space.valid_mask(torch.tensor(ag.dag.param_bytes), peak_N,
                                        ag.dag.bytes_per_token)
-        if self.learn and isinstance(state, _Prev):
+        prev, b_state = state if isinstance(state, tuple) else (state, None)
+        if self.learn and isinstance(prev, _Prev):
             r_G = group_rewards(ag.dag, snapshot, self.slo_s, self.price_per_s, ag.cfg)
             self.log.rewards.append(float(r_G.sum()))
-            ag.remember(Transition(state.x_NF, state.valid_NC, state.action_N, r_G, x_NF,
-                                   valid_NC))
+            ag.remember(Transition(prev.x_NF, prev.valid_NC, prev.action_N, r_G, x_NF,
+                                   valid_NC, prev.demo))
             for _ in range(ag.cfg.updates_per_step):
                 out = ag.update()
                 if out:
                     self.log.losses.append(out)
             ag.decay_epsilon()
-        action_N = ag.act(x_NF, valid_NC, explore=self.learn)
+        if self.behaviour is not None:
+            wanted, b_state = self.behaviour.decide(snapshot, b_state)
+            action_N = torch.tensor([
+                ag.space.index_of(wanted.get(n, snapshot.functions[n].config))
+                for n in ag.dag.names])
+            action_N = ag.explore(action_N, valid_NC) if self.learn else action_N
+        else:
+            action_N = ag.act(x_NF, valid_NC, explore=self.learn)
         out_d: Decisions = {}
         for v, name in enumerate(ag.dag.names):
             cfg = self.configs[int(action_N[v])]
             if cfg != snapshot.functions[name].config:
                 out_d[name] = cfg
         self.log.decide_s.append(time.perf_counter() - t0)
-        return out_d, _Prev(x_NF, valid_NC, action_N)
+        return out_d, (_Prev(x_NF, valid_NC, action_N, self.behaviour is not None), b_state)

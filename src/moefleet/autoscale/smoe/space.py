@@ -31,9 +31,9 @@ MB = 1024 * 1024
 class ConfigSpace:
     """Option lists (each strictly increasing, positive) and the filter's constants."""
 
-    memory_mb: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
-    replicas: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
-    concurrency: tuple[int, ...] = (1, 2, 4, 8)
+    memory_mb: tuple[int, ...] = (256, 512, 1024, 2048, 4096)
+    replicas: tuple[int, ...] = (1, 2, 4, 8)
+    concurrency: tuple[int, ...] = (1, 2, 4)
     alpha: float = 0.9  # usable share of the memory limit (the paper's loss factor)
     runtime_mb: float = 300.0  # ASSUMPTION: python + torch resident set of a function
 
