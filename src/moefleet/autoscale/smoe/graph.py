@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from moefleet.autoscale.base import AutoscaleError, FunctionMetrics, MetricsSnapshot
-from moefleet.plan.plan import DeploymentPlan, expert_function, segment_function
+from moefleet.plan.plan import DeploymentPlan
 from moefleet.profiles.model import ComputeProfile
 
 NUM_FEATURES = 22
@@ -59,27 +59,27 @@ class PipelineDAG:
         groups: list[tuple[int, ...]] = []
         seg_nodes: list[int] = []
         tail: tuple[int, ...] = ()
-        layers = {lp.layer: lp for lp in plan.layers}
+        placement = plan.placement()  # the one source of function names
         for b, seg_prof in enumerate(profile.segments):
             seg = len(names)
-            names.append(segment_function(b))
+            names.append(placement.segment(b).name)
             kinds.append("segment")
             preds.append(tail)
             params.append(seg_prof.param_bytes)
             flops.append(2.0 * seg_prof.param_bytes / 4)
             seg_nodes.append(seg)
             tail = (seg,)
-            lp = layers.get(b)
-            if lp is None:
+            held = placement.expert_functions(b) if b in profile.experts else []
+            if not held:
                 continue
             law = profile.experts[b]
             members = []
-            for i in range(len(lp.experts)):
+            for f in held:
                 members.append(len(names))
-                names.append(expert_function(b, i))
+                names.append(f.name)
                 kinds.append("expert")
                 preds.append((seg,))
-                params.append(law.param_bytes)
+                params.append(law.param_bytes * len(f.experts))
                 flops.append(2.0 * law.param_bytes / 4)
             groups.append(tuple(members))
             tail = tuple(members)

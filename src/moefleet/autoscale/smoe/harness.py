@@ -155,8 +155,8 @@ class Recorder(AutoscalePolicy):
 def segment_start(sc: Scenario) -> Decisions:
     """The static plan's segment configs with its segment pods (the plan stores only
     their memory)."""
-    return {f"seg-{b}": FunctionConfig(m, sc.segment_replicas, 1)
-            for b, m in enumerate(sc.plan.segment_memory_mb)}
+    return {f.name: FunctionConfig(f.memory_mb, sc.segment_replicas, 1)
+            for f in sc.plan.placement().segments}
 
 
 def run_episode(sc: Scenario, controller: AutoscalePolicy | None, arrivals: list[Arrival],
