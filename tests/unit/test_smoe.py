@@ -59,7 +59,8 @@ def _snapshot(dag: PipelineDAG, tokens: dict[str, int], p95: float = 0.1) -> Met
             g = next(g for g in dag.groups[:-1] if v in g)
             layer_total = sum(tokens.get(dag.names[u], 0) for u in g) or 1
         fm[name] = FunctionMetrics(
-            name=name, kind="expert" if expert else "segment", layer=0,
+            name=name, kind="expert" if expert else "segment",
+            layer=int(name.split("-")[1]),
             expert=0 if expert else None, config=FunctionConfig(1024, 1, 1), instances=1,
             calls=max(1, tok // 16), tokens=tok, busy_s=0.5, instance_s=10.0,
             p95_latency_s=p95 * (1 + tok / 100), token_share=tok / layer_total if expert else 0.0,
@@ -189,3 +190,20 @@ def test_tiny_training_run_in_the_simulator() -> None:
     assert all(math.isfinite(r) and r <= 0 for r in ctl.log.rewards)
     assert any(not torch.equal(b, p) for b, p in zip(before, agent.actor.parameters(),
                                                      strict=True))
+
+
+def test_snapshot_layer_metrics() -> None:
+    dag = _dag(blocks=2, experts=4)
+    tokens = {"exp-0-0": 300, "exp-0-1": 100, "exp-1-0": 50, "exp-1-1": 50, "exp-1-2": 50,
+              "exp-1-3": 50}
+    snap = _snapshot(dag, tokens)
+    layers = snap.layers({0: 2e6})
+    assert set(layers) == {0, 1}
+    assert layers[0].tokens == 400 and layers[1].tokens == 200
+    assert layers[0].routing_entropy == pytest.approx(-(0.75 * math.log(0.75)
+                                                        + 0.25 * math.log(0.25)))
+    assert layers[1].routing_entropy == pytest.approx(math.log(4))  # uniform
+    assert layers[0].straggler_ratio["exp-0-0"] == pytest.approx(1.0)
+    assert layers[0].straggler_ratio["exp-0-1"] == pytest.approx(0.2 / 0.4)
+    assert layers[0].gflops == pytest.approx(400 * 2e6 / 1e9) and layers[1].gflops == 0
+    assert layers[0].latency_variance_s2 > 0 and layers[1].latency_variance_s2 == 0

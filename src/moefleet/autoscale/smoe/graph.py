@@ -168,22 +168,19 @@ def node_features(dag: PipelineDAG, snap: MetricsSnapshot, slo_s: float,
             _log_scaled(m.calls_per_s), _log_scaled(m.queued), _log_scaled(m.cold_starts),
             min(m.instances, 16) / 16.0])
         x[v, 19:] = torch.tensor(glob)
+    fpt = {fm[dag.names[g[0]]].layer: dag.flops_per_token[g[0]] for g in dag.groups[:-1]}
+    layers = snap.layers(fpt)
     for g in dag.groups[:-1]:  # MoE layers: layer-level features
-        ms = [fm[dag.names[v]] for v in g]
-        shares = [m.token_share for m in ms]
-        entropy = -sum(s * math.log(s) for s in shares if s > 0)
-        lat = [m.p95_latency_s / slo_s for m in ms]
-        mean = sum(lat) / len(lat)
-        var = sum((v - mean) ** 2 for v in lat) / len(lat)
-        worst = max(lat)
-        layer_tps = sum(m.tokens_per_s for m in ms)
-        gflops = layer_tps * dag.flops_per_token[g[0]] / 1e9
-        for v, m, lt in zip(g, ms, lat, strict=True):
+        lm = layers[fm[dag.names[g[0]]].layer]
+        entropy = lm.routing_entropy / math.log(len(g)) if len(g) > 1 else 0.0
+        var = lm.latency_variance_s2 / (slo_s * slo_s)
+        gflops_s = lm.gflops / snap.interval_s
+        for v in g:
+            name = dag.names[v]
+            m = fm[name]
             x[v, 11:19] = torch.tensor([
-                m.token_share, m.request_share,
-                entropy / math.log(len(g)) if len(g) > 1 else 0.0,
-                min(var, 10.0) / 10.0, lt / worst if worst > 0 else 0.0,
-                _log_scaled(gflops, 1e3), 1.0, 0.0])
+                m.token_share, m.request_share, entropy, min(var, 10.0) / 10.0,
+                lm.straggler_ratio[name], _log_scaled(gflops_s, 1e3), 1.0, 0.0])
     for v in dag.groups[-1]:
         x[v, 18] = 1.0  # kind flag: segment
     return x, peak
