@@ -46,15 +46,15 @@ class DDPGConfig:
     batch_size: int = 16
     replay_size: int = 20_000
     warmup: int = 64  # transitions before the first update
-    updates_per_step: int = 2
+    updates_per_step: int = 1
     beta: float = 0.1  # the reward's cost coefficient (eq. 13)
     slo_penalty_cap: float = 10.0  # the SLO term is clipped at -cap (units of the SLO)
     temperature: float = 1.0
     epsilon: float = 0.1  # exploration: chance a function takes a random valid config
     epsilon_min: float = 0.02
     epsilon_decay: float = 0.995  # per control interval
-    bc_weight: float = 2.0  # imitation of demonstration transitions, fading out ...
-    bc_updates: int = 20_000  # ... linearly over this many updates
+    bc_weight: float = 1.0  # imitation of demonstration transitions, fading out ...
+    bc_updates: int = 3000  # ... linearly over this many updates
 
 
 @dataclass
