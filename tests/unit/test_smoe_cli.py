@@ -59,7 +59,7 @@ def test_checkpoint_round_trip_and_mismatches(tmp_path: Path) -> None:
 def test_train_resume_and_eval(tmp_path: Path) -> None:
     out = tmp_path / "s.pt"
     base = ["autoscale", "train", "--out", str(out), "--model", TINY, "--slo", "0.2",
-            "--interval", "10", "--window-minutes", "10", "--mean-rps", "0.5", "--json"]
+            "--interval", "30", "--window-minutes", "10", "--mean-rps", "0.5", "--json"]
     res = runner.invoke(app, [*base, "--episodes", "1"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["episodes"] == 1
