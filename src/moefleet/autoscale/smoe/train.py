@@ -162,7 +162,8 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
     demo_ctl = SmoeController(agent, sc.slo_s, sc.price_per_s, learn=True,
                               behaviour=demonstrator(sc, agent.space))
     t0 = time.perf_counter()
-    cpu0 = time.process_time() - (history[-1]["cpu_s"] if history else 0.0)
+    # Checkpoints from before CPU accounting have no cpu_s: count from 0 then.
+    cpu0 = time.process_time() - (float(history[-1].get("cpu_s") or 0.0) if history else 0.0)
     while done < episodes:
         if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
             break
