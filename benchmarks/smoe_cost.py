@@ -17,6 +17,7 @@ and ``p95_over_slo``; the training record of each checkpoint (episodes, CPU seco
 from __future__ import annotations
 
 import argparse
+import itertools
 import platform
 import sys
 import time
@@ -33,6 +34,16 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "smoe_cost.json"
 ABLATIONS = ("no-cc", "no-dagnn", "no-pointer", "ddpg-only")
 SLO_SLACK = 1.02
+
+
+def _total_wall(hist: list[dict[str, Any]]) -> float:
+    """Wall seconds over all (resumed) sessions: each session's clock restarts at 0."""
+    total, last = 0.0, 0.0
+    for row in hist:
+        if row["wall_s"] < last:
+            total += last
+        last = row["wall_s"]
+    return total + last
 
 
 def best_baseline(rows: dict[str, Any]) -> tuple[str, bool]:
@@ -96,9 +107,12 @@ def main() -> None:
         ckpts[f"smoe-{v}"] = p
     for name, p in ckpts.items():
         hist = load_checkpoint(p)[4]
-        training[name] = {"episodes": len(hist),
-                          "cpu_s": hist[-1].get("cpu_s") if hist else None,
-                          "wall_s": hist[-1].get("wall_s") if hist else None}
+        training[name] = {"episodes": len(hist), "wall_s": _total_wall(hist),
+                          "sessions": 1 + sum(b["wall_s"] < a["wall_s"]
+                                              for a, b in itertools.pairwise(hist)),
+                          # cumulative CPU seconds of the training process(es); runs
+                          # started before CPU accounting count from their resume
+                          "cpu_s": hist[-1].get("cpu_s") if hist else None}
     for b in BASELINES:
         ctls[b] = (lambda b=b: baseline(b, sc, space))
     pats = [p.strip() for p in args.patterns.split(",") if p.strip()]
