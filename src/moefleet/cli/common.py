@@ -12,9 +12,9 @@ Conventions every command follows:
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -28,7 +28,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from moefleet.errors import MoefleetError
+from moefleet.errors import MoefleetError, validation_message
+from moefleet.io import check_output_paths, dumps_json
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)
@@ -40,7 +41,8 @@ def out_console(json_mode: bool) -> Console:
 
 
 def emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    """Strict RFC 8259 JSON on stdout: NaN and infinities are printed as ``null``."""
+    sys.stdout.write(dumps_json(obj) + "\n")
     sys.stdout.flush()
 
 
@@ -51,13 +53,49 @@ def fail(err: MoefleetError) -> typer.Exit:
     return typer.Exit(code=err.exit_code)
 
 
+def boundary_error(err: BaseException) -> MoefleetError | None:
+    """The user-facing form of an exception that crossed the CLI boundary, or None.
+
+    Besides :class:`MoefleetError`, a few exception classes can only come from the user's
+    inputs or environment when they reach a command's top level: a pydantic
+    ``ValidationError`` (an option value a library model rejects), an ``OSError`` naming a
+    file, ``MemoryError`` and ``UnicodeDecodeError``. Those get one line naming the
+    problem; anything else is a bug and keeps its traceback."""
+    from pydantic import ValidationError
+
+    if isinstance(err, MoefleetError):
+        return err
+    if isinstance(err, ValidationError):
+        return MoefleetError(validation_message(err, err.title),
+                             "check the option that sets this field (see --help)")
+    if isinstance(err, OSError) and err.filename is not None:
+        return MoefleetError(f"{err.filename}: {err.strerror or err}",
+                             "check the path and its permissions")
+    if isinstance(err, MemoryError):
+        return MoefleetError("out of memory: an input or option asks for more than fits",
+                             "use smaller values (see README, 'Limits')")
+    if isinstance(err, UnicodeDecodeError):
+        return MoefleetError(f"an input file is not UTF-8 text ({err.reason})",
+                             "pass a text file")
+    return None
+
+
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn MoefleetError into a clean exit; let real bugs raise with a traceback."""
+    """Turn user-caused errors (see :func:`boundary_error`) into a clean exit; let real
+    bugs raise with a traceback."""
     try:
         yield
-    except MoefleetError as err:
-        raise fail(err) from None
+    except (MoefleetError, OSError, MemoryError, ValueError) as err:
+        clean = boundary_error(err)
+        if clean is None:
+            raise
+        raise fail(clean) from None
+
+
+def check_outputs(*targets: tuple[str, Path | str | None]) -> None:
+    """Validate every output path before a command starts work (raises MoefleetError)."""
+    check_output_paths(*targets)
 
 
 def progress(transient: bool = True) -> Progress:

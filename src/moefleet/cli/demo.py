@@ -16,6 +16,7 @@ import typer
 
 from moefleet.cli.common import emit_json, out_console, progress, user_errors
 from moefleet.errors import MoefleetError
+from moefleet.io import check_output_dir
 
 
 def demo_cmd(
@@ -53,6 +54,7 @@ def demo_cmd(
 
     con = out_console(as_json)
     with user_errors():
+        check_output_dir(out_dir, "--out")
         if sampler not in SAMPLERS:
             raise MoefleetError(f"--sampler {sampler!r} is not known",
                                 f"choose one of {', '.join(SAMPLERS)}")

@@ -11,7 +11,13 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from moefleet.cli.common import emit_json, err_console, out_console, user_errors
+from moefleet.cli.common import (
+    check_outputs,
+    emit_json,
+    err_console,
+    out_console,
+    user_errors,
+)
 from moefleet.errors import DataError, MoefleetError
 
 app = typer.Typer(
@@ -137,6 +143,7 @@ def plan_cmd(
     if ctx.invoked_subcommand is not None:
         return
     with user_errors():
+        check_outputs(("--out", out))
         if slo is None or counts is None:
             raise MoefleetError(
                 "moefleet plan needs --slo and --counts",

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from moefleet.cli.common import emit_json, out_console, progress, user_errors
+from moefleet.cli.common import check_outputs, emit_json, out_console, progress, user_errors
 from moefleet.errors import DataError, MoefleetError
 
 
@@ -49,6 +49,7 @@ def bo_cmd(
     --model minilm-moe-e8 --slo 10 -o plan.yaml
     """
     with user_errors():
+        check_outputs(("--out", out), ("--save-predictor", save_predictor))
         summary = _run(predictor, bo_trace, slo, model, profile, platform, batch_tokens,
                        batches, pairs, iterations, sampler, seed, out, save_predictor,
                        as_json)

@@ -15,8 +15,9 @@ from typing import Annotated, Any
 
 import typer
 
-from moefleet.cli.common import emit_json, out_console, progress, user_errors
+from moefleet.cli.common import check_outputs, emit_json, out_console, progress, user_errors
 from moefleet.errors import MoefleetError
+from moefleet.io import check_output_dir
 
 app = typer.Typer(help="Expert-popularity predictors: fit one, or evaluate several.",
                   no_args_is_help=True)
@@ -170,6 +171,9 @@ def eval_cmd(
     from moefleet.predict.harness import parse_names
 
     with user_errors():
+        check_outputs(("--out", out), ("--png", png))
+        if save_traces is not None:
+            check_output_dir(save_traces, "--save-traces")
         names = parse_names(predictors)
         tests = _split_list(test)
         if not tests:
@@ -240,6 +244,7 @@ def fit_cmd(
     from moefleet.predict.harness import parse_names
 
     with user_errors():
+        check_outputs(("--out", out))
         names = parse_names(predictor)
         if len(names) != 1:
             raise MoefleetError(f"fit takes one predictor, got {', '.join(names)}",

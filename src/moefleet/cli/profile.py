@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from moefleet.cli.common import emit_json, out_console, progress, user_errors
+from moefleet.cli.common import check_outputs, emit_json, out_console, progress, user_errors
 from moefleet.errors import MoefleetError
 
 DEFAULT_MODEL = "minilm-moe-e8"
@@ -87,6 +87,7 @@ def profile_cmd(
     from moefleet.traces import write_trace
 
     with user_errors():
+        check_outputs(("--out", out))
         trace = run_profile(
             model, dataset, max_tokens, max_length, batch_size, attention_ids, as_json
         )

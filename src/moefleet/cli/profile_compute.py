@@ -9,7 +9,14 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from moefleet.cli.common import emit_json, err_console, out_console, progress, user_errors
+from moefleet.cli.common import (
+    check_outputs,
+    emit_json,
+    err_console,
+    out_console,
+    progress,
+    user_errors,
+)
 from moefleet.errors import MoefleetError
 
 DEFAULT_MODEL = "minilm-moe-e8"
@@ -124,6 +131,7 @@ def profile_compute_cmd(
     from moefleet.profiles import measure as m
 
     with user_errors():
+        check_outputs(("--out", out), ("--png", png))
         thread_list = parse_int_list(threads, "--threads") if threads else None
         sizes = (parse_int_list(batch_sizes, "--batch-sizes") if batch_sizes
                  else list(m.THOROUGH_BATCH_SIZES if thorough else m.DEFAULT_BATCH_SIZES))

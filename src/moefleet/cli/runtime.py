@@ -24,7 +24,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from moefleet.cli.common import emit_json, out_console, progress, user_errors
+from moefleet.cli.common import check_outputs, emit_json, out_console, progress, user_errors
 from moefleet.errors import MoefleetError
 from moefleet.io import write_json_atomic
 
@@ -113,6 +113,7 @@ def deploy_cmd(
     """
     installed = 0
     with user_errors(), _stdout_to_stderr():
+        check_outputs(("--out", out))
         dep, _, platform, object_store = _deploy(plan, backend, store or _default_store(),
                                                  as_json)
         if _persistent(backend):
@@ -158,6 +159,7 @@ def run_cmd(
         if (deployment is None) == (plan is None):
             raise MoefleetError("pass exactly one of --deployment and --plan",
                                 "e.g. moefleet run --plan plan.yaml")
+        check_outputs(("--out", out))
         with tempfile.TemporaryDirectory(prefix="moefleet-store-") as tmp:
             summary = _run(deployment, plan, dataset, tokens, batch_size, max_length, backend,
                            store or tmp, workers, check, as_json)

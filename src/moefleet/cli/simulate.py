@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from moefleet.cli.common import emit_json, out_console, progress, user_errors
+from moefleet.cli.common import check_outputs, emit_json, out_console, progress, user_errors
 from moefleet.errors import MoefleetError
 
 DEFAULT_PLATFORM = "aws-lambda"
@@ -198,6 +198,7 @@ def simulate_cmd(
     --workload "bursty:rate=5,cv=3" --duration 600 --policy hpa --png timeline.png
     """
     with user_errors():
+        check_outputs(("--out", out), ("--png", png))
         sim_kw: dict[str, Any] = {
             "scaling": scaling, "slo_s": slo, "keep_alive_s": keep_alive,
             "concurrency": concurrency, "interval_s": interval, "decode": decode,
