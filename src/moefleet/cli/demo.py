@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from moefleet import limits as L
 from moefleet.cli.common import emit_json, out_console, progress, user_errors
 from moefleet.errors import MoefleetError
 from moefleet.io import check_output_dir
@@ -29,7 +30,8 @@ def demo_cmd(
     ] = None,
     sampler: Annotated[str, typer.Option(
         help="BO sampler: eps-gp | eps | single-eps | random | tpe.")] = "eps-gp",
-    iterations: Annotated[int | None, typer.Option(help="BO iterations at most.")] = None,
+    iterations: Annotated[int | None, typer.Option(
+        min=1, max=L.MAX_ITERATIONS, help="BO iterations at most.")] = None,
     traffic: Annotated[str | None, typer.Option(
         help="Dataset for the BO batches and the workload (a domain shift from the "
         "predictor's wikitext2), e.g. c4. Default: wikitext2.")] = None,
@@ -38,7 +40,8 @@ def demo_cmd(
         "(default: the paper's model, a parameter fetch per batch).")] = False,
     run: Annotated[bool, typer.Option(
         help="Deploy each plan on the local backend and run the workload.")] = True,
-    workers: Annotated[int | None, typer.Option(help="Local worker processes.")] = None,
+    workers: Annotated[int | None, typer.Option(
+        min=1, max=L.MAX_WORKERS, help="Local worker processes.")] = None,
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Where results go.")] = Path(
         "out/demo"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from moefleet import limits as L
 from moefleet.cli.common import check_outputs, emit_json, out_console, progress, user_errors
 from moefleet.errors import MoefleetError
 from moefleet.io import check_output_dir
@@ -30,12 +31,14 @@ ModelOpt = Annotated[str | None, typer.Option(
 TrainOpt = Annotated[str, typer.Option(
     "--train", help="Trace .parquet, or dataset name[:split] / prompt file to profile."
 )]
-MaxTokensOpt = Annotated[int, typer.Option(help="Tokens to profile from --train.")]
-MaxLengthOpt = Annotated[int, typer.Option(help="Truncate each prompt to this when profiling.")]
+MaxTokensOpt = Annotated[int, typer.Option(
+        min=1, max=L.MAX_TOKENS, help="Tokens to profile from --train.")]
+MaxLengthOpt = Annotated[int, typer.Option(
+        min=1, max=L.MAX_PROMPT_TOKENS, help="Truncate each prompt to this when profiling.")]
 EmbedOpt = Annotated[str, typer.Option(
     help="Token embeddings for sps/bf/vared: adapter (model input embeddings), minilm, random."
 )]
-SeedOpt = Annotated[int, typer.Option(help="Seed (SPS clustering).")]
+SeedOpt = Annotated[int, typer.Option(min=0, max=L.MAX_SEED, help="Seed (SPS clustering).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
 
 
@@ -150,8 +153,10 @@ def eval_cmd(
         "bayes-map, bayes-pos-map, lina, dop, ef, sps, bf, vared."
     )] = "bayes,bayes-pos,bayes-pos-flat,lina,dop,ef,sps,bf",
     max_tokens: MaxTokensOpt = 65536,
-    test_tokens: Annotated[int, typer.Option(help="Tokens to profile per --test.")] = 10240,
-    batch_tokens: Annotated[int, typer.Option(help="Tokens per scored batch.")] = 10240,
+    test_tokens: Annotated[int, typer.Option(
+        min=1, max=L.MAX_TOKENS, help="Tokens to profile per --test.")] = 10240,
+    batch_tokens: Annotated[int, typer.Option(
+        min=1, max=L.MAX_BATCH_TOKENS, help="Tokens per scored batch.")] = 10240,
     max_length: MaxLengthOpt = 256,
     embed: EmbedOpt = "adapter",
     seed: SeedOpt = 0,

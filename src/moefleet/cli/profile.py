@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from moefleet import limits as L
 from moefleet.cli.common import check_outputs, emit_json, out_console, progress, user_errors
 from moefleet.errors import MoefleetError
 
@@ -67,9 +68,11 @@ def profile_cmd(
     dataset: Annotated[
         str, typer.Option("--dataset", "-d", help="Dataset name[:split] or a .txt/.jsonl/.json.")
     ] = "wikitext2",
-    max_tokens: Annotated[int, typer.Option(help="Tokens to record.")] = 2048,
-    max_length: Annotated[int, typer.Option(help="Truncate each prompt to this.")] = 256,
-    batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 8,
+    max_tokens: Annotated[int, typer.Option(
+        min=1, max=L.MAX_TOKENS, help="Tokens to record.")] = 2048,
+    max_length: Annotated[int, typer.Option(
+        min=1, max=L.MAX_PROMPT_TOKENS, help="Truncate each prompt to this.")] = 256,
+    batch_size: Annotated[int, typer.Option(min=1, max=4096, help="Prompts per forward pass.")] = 8,
     attention_ids: Annotated[
         bool, typer.Option(help="Record attention ids (needs eager attention).")
     ] = True,

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from moefleet import limits as L
 from moefleet.cli.common import (
     check_outputs,
     emit_json,
@@ -117,7 +118,8 @@ def profile_compute_cmd(
     experts_per_layer: Annotated[
         int, typer.Option(help="Experts timed (and pooled) per MoE layer.")
     ] = 2,
-    seed: Annotated[int, typer.Option(help="Seed for inputs and the expert sample.")] = 0,
+    seed: Annotated[int, typer.Option(
+        min=0, max=L.MAX_SEED, help="Seed for inputs and the expert sample.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
 ) -> None:
     """Measure a model's compute profile: time vs tokens and threads, fitted laws.

@@ -24,6 +24,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from moefleet import limits as L
 from moefleet.cli.common import check_outputs, emit_json, out_console, progress, user_errors
 from moefleet.errors import MoefleetError
 from moefleet.io import write_json_atomic
@@ -138,13 +139,15 @@ def run_cmd(
     plan: Annotated[Path | None, typer.Option(help="Plan YAML: deploy, run, tear down.")] = None,
     dataset: Annotated[str, typer.Option("--dataset", "-d", help="Dataset name[:split] or file."
                                          )] = "wikitext2",
-    tokens: Annotated[int, typer.Option(help="Tokens to run.")] = 512,
-    batch_size: Annotated[int, typer.Option(help="Prompts per batch.")] = 8,
-    max_length: Annotated[int, typer.Option(help="Truncate each prompt to this.")] = 128,
+    tokens: Annotated[int, typer.Option(min=1, max=L.MAX_TOKENS, help="Tokens to run.")] = 512,
+    batch_size: Annotated[int, typer.Option(min=1, max=4096, help="Prompts per batch.")] = 8,
+    max_length: Annotated[int, typer.Option(
+        min=1, max=L.MAX_PROMPT_TOKENS, help="Truncate each prompt to this.")] = 128,
     backend: Annotated[str, typer.Option(help="Function backend (with --plan).")] = "local",
     store: Annotated[str | None, typer.Option(help="Object store (with --plan; default: a "
                                               "temporary directory).")] = None,
-    workers: Annotated[int | None, typer.Option(help="Local worker processes.")] = None,
+    workers: Annotated[int | None, typer.Option(
+        min=1, max=L.MAX_WORKERS, help="Local worker processes.")] = None,
     check: Annotated[bool, typer.Option(help="Compare outputs with the monolithic model.")
                      ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable results.")] = False,
