@@ -195,3 +195,11 @@ def load_json_input(path: str | os.PathLike[str], what: str, hint: str = "") -> 
         return json.loads(text, parse_constant=_no_constants)
     except (json.JSONDecodeError, ValueError) as err:
         raise DataError(f"{what} {path} is not valid JSON: {err}", hint) from None
+
+
+def yaml_error_line(err: Exception) -> str:
+    """A YAML parse error as one line: problem and 1-based line/column."""
+    problem = getattr(err, "problem", None) or type(err).__name__
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}"

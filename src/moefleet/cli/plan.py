@@ -52,9 +52,9 @@ def load_counts(path: Path) -> tuple[Any, list[int] | None, int | None, str | No
     if path.suffix == ".npy":
         check_input_file(path, "counts file", "pass a .npy or a trace")
         try:
-            with open(path, "rb") as fh:
-                version = np.lib.format.read_magic(fh)
-                shape, _, dtype = np.lib.format._read_array_header(fh, version)  # type: ignore[attr-defined]
+            # mmap reads only the header: shape and dtype are checked before any allocation.
+            mapped = np.load(path, mmap_mode="r", allow_pickle=False)
+            shape, dtype = mapped.shape, mapped.dtype
         except (OSError, ValueError, EOFError) as err:
             raise DataError(f"{path} is not a readable .npy array: {err}",
                             "np.save a 2-D counts_LE array") from None
@@ -65,10 +65,7 @@ def load_counts(path: Path) -> tuple[Any, list[int] | None, int | None, str | No
         if shape[0] * shape[1] > 1 << 24 or 0 in shape:
             raise DataError(f"{path}: counts array of shape {shape} is empty or too large "
                             "(at most 16M cells)", "save counts_LE (layers, experts)")
-        try:
-            counts = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as err:
-            raise DataError(f"{path} is not a readable .npy array: {err}") from None
+        counts = np.array(mapped)
         if not np.all(np.isfinite(counts)):
             raise DataError(f"{path}: counts hold NaN or infinite values",
                             "counts are tokens per expert: finite, >= 0")

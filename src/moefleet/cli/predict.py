@@ -250,6 +250,9 @@ def fit_cmd(
 
     with user_errors():
         check_outputs(("--out", out))
+        if out.suffix != ".npz":
+            raise MoefleetError(f"--out {out}: a predictor file is .npz (numpy arrays)",
+                                f"use e.g. -o {out.with_suffix('.npz')}")
         names = parse_names(predictor)
         if len(names) != 1:
             raise MoefleetError(f"fit takes one predictor, got {', '.join(names)}",
