@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
 from moefleet.errors import MoefleetError, validation_message
 from moefleet.io import check_output_paths, dumps_json
@@ -74,6 +76,9 @@ def boundary_error(err: BaseException) -> MoefleetError | None:
     if isinstance(err, MemoryError):
         return MoefleetError("out of memory: an input or option asks for more than fits",
                              "use smaller values (see README, 'Limits')")
+    if isinstance(err, EOFError):
+        return MoefleetError("an input file ended early (truncated or empty?)",
+                             "re-create the file")
     if isinstance(err, UnicodeDecodeError):
         return MoefleetError(f"an input file is not UTF-8 text ({err.reason})",
                              "pass a text file")
@@ -86,7 +91,7 @@ def user_errors() -> Iterator[None]:
     bugs raise with a traceback."""
     try:
         yield
-    except (MoefleetError, OSError, MemoryError, ValueError) as err:
+    except (MoefleetError, OSError, MemoryError, ValueError, EOFError) as err:
         clean = boundary_error(err)
         if clean is None:
             raise
@@ -98,14 +103,56 @@ def check_outputs(*targets: tuple[str, Path | str | None]) -> None:
     check_output_paths(*targets)
 
 
+class PlainProgress(Progress):
+    """Progress for a non-terminal stderr (a log file, CI, a pipe): no live bar, but a
+    plain ``description: done/total (elapsed)`` line when the description changes and at
+    most every ``every_s`` seconds otherwise, so a long build is never silent."""
+
+    def __init__(self, *columns: Any, every_s: float = 10.0, **kw: Any) -> None:
+        kw["disable"] = True
+        super().__init__(*columns, **kw)
+        self._every_s = every_s
+        self._last: dict[Any, tuple[float, str]] = {}
+
+    def _say(self, task_id: Any, force: bool = False) -> None:
+        task = self._tasks.get(task_id)
+        if task is None:
+            return
+        now = time.monotonic()
+        last_t, last_desc = self._last.get(task_id, (-1e18, ""))
+        if not force and task.description == last_desc and now - last_t < self._every_s:
+            return
+        self._last[task_id] = (now, task.description)
+        total = f"/{task.total:g}" if task.total is not None else ""
+        elapsed = task.elapsed or 0.0
+        plain = Text.from_markup(task.description).plain
+        sys.stderr.write(f"{plain}: {task.completed:g}{total} ({elapsed:.0f} s)\n")
+        sys.stderr.flush()
+
+    def add_task(self, *args: Any, **kw: Any) -> Any:
+        task_id = super().add_task(*args, **kw)
+        self._say(task_id, force=True)
+        return task_id
+
+    def update(self, task_id: Any, *args: Any, **kw: Any) -> None:
+        super().update(task_id, *args, **kw)
+        self._say(task_id)
+
+    def advance(self, task_id: Any, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._say(task_id)
+
+
 def progress(transient: bool = True) -> Progress:
-    """A progress bar on stderr (stdout stays clean for --json)."""
-    return Progress(
+    """A progress bar on stderr (stdout stays clean for --json); plain lines when stderr
+    is not a terminal."""
+    columns = (
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        console=err_console,
-        transient=transient,
     )
+    if not err_console.is_terminal:
+        return PlainProgress(*columns, console=err_console, transient=transient)
+    return Progress(*columns, console=err_console, transient=transient)

@@ -20,6 +20,18 @@ from moefleet.errors import MoefleetError
 from moefleet.io import check_output_dir
 
 
+def _check_inputs_early(platform: str, traffic: str | None) -> None:
+    """Fail on a bad --platform or --traffic before minutes of profiling and planning."""
+    from moefleet.cli.profile import split_dataset
+    from moefleet.data import load_prompts
+    from moefleet.platform import load_platform
+
+    load_platform(platform)
+    if traffic is not None:
+        name, split = split_dataset(traffic)
+        load_prompts(name, split=split, limit=1)
+
+
 def demo_cmd(
     model: Annotated[str, typer.Option("--model", "-m", help="Zoo model.")] = "minilm-moe-e8",
     quick: Annotated[bool, typer.Option(help="Small batches and few BO iterations (~1 min "
@@ -65,6 +77,7 @@ def demo_cmd(
             raise MoefleetError(f"--slo must be > 0 seconds, got {slo}", "e.g. --slo 30")
         if iterations is not None and iterations < 1:
             raise MoefleetError(f"--iterations must be >= 1, got {iterations}", "e.g. 20")
+        _check_inputs_early(platform, traffic)
         opts = {"model": model, "platform": platform, "slo_s": slo, "sampler": sampler,
                 "run": run, "workers": workers, "traffic": traffic,
                 "warm_instances": warm_instances}

@@ -240,6 +240,12 @@ def plan_table(plan: Any) -> Table:  # plan: DeploymentPlan
     if "latency_s" in pred:
         slo = f" (SLO {pred['slo_s']:.4g} s)" if "slo_s" in pred else ""
         caption.append(f"latency {pred['latency_s']:.4g} s{slo}")
+    status = str(plan.meta.get("status", "optimal")).lower()
+    if status not in ("optimal", "2"):  # SCIP says "optimal", gurobi GRB.OPTIMAL == 2
+        gap = plan.meta.get("gap")
+        caption.append(f"[bold yellow]WARNING: solver stopped with status '{status}'"
+                       + (f", gap {100 * gap:.1f}%" if isinstance(gap, float) else "")
+                       + ": not proven optimal; raise --time-limit or compare --policy ods[/]")
     t = Table(
         title=f"{plan.model} on {plan.platform} ({plan.policy})",
         caption="; ".join(caption) or None,

@@ -67,8 +67,13 @@ class _Sources:
         path = Path(ref)
         if path.suffix == ".parquet":
             trace = read_trace(path)
+            traced = str(trace.meta.get("model") or "") or None
+            if self.model is not None and traced is not None and self.model != traced:
+                raise MoefleetError(
+                    f"--model {self.model} but the trace {path} was recorded on '{traced}'",
+                    "drop --model (a trace names its model) or record a trace of that model")
             if self.model is None:
-                self.model = str(trace.meta.get("model") or "") or None
+                self.model = traced
             return trace
         return self._profile(ref, max_tokens)
 

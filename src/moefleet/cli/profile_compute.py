@@ -134,8 +134,8 @@ def profile_compute_cmd(
 
     with user_errors():
         check_outputs(("--out", out), ("--png", png))
-        thread_list = parse_int_list(threads, "--threads") if threads else None
-        sizes = (parse_int_list(batch_sizes, "--batch-sizes") if batch_sizes
+        thread_list = parse_int_list(threads, "--threads") if threads is not None else None
+        sizes = (parse_int_list(batch_sizes, "--batch-sizes") if batch_sizes is not None
                  else list(m.THOROUGH_BATCH_SIZES if thorough else m.DEFAULT_BATCH_SIZES))
         reps = repeats if repeats is not None else (
             m.THOROUGH_REPEATS if thorough else m.DEFAULT_REPEATS)

@@ -38,6 +38,12 @@ def _default_store() -> str:
     return str(paths.cache_dir() / "store")
 
 
+def _check_store(store: str | None) -> None:
+    if store is not None and not store.strip():
+        raise MoefleetError("--store is empty", "name a directory or s3://bucket/prefix, or "
+                            "leave --store out for the default")
+
+
 def _check_backend(name: str) -> None:
     from moefleet.runtime.base import backend_names
 
@@ -115,6 +121,7 @@ def deploy_cmd(
     installed = 0
     with user_errors(), _stdout_to_stderr():
         check_outputs(("--out", out))
+        _check_store(store)
         dep, _, platform, object_store = _deploy(plan, backend, store or _default_store(),
                                                  as_json)
         if _persistent(backend):
@@ -163,6 +170,7 @@ def run_cmd(
             raise MoefleetError("pass exactly one of --deployment and --plan",
                                 "e.g. moefleet run --plan plan.yaml")
         check_outputs(("--out", out))
+        _check_store(store)
         with tempfile.TemporaryDirectory(prefix="moefleet-store-") as tmp:
             summary = _run(deployment, plan, dataset, tokens, batch_size, max_length, backend,
                            store or tmp, workers, check, as_json)

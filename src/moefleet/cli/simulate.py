@@ -91,7 +91,8 @@ def _check_consistent(plan: Any, profile: Any, router: Any, profile_path: Path |
                       trace_path: Path | None) -> None:
     """Plan, profile and routing trace describe one model (same MoE layers and experts)."""
     if (profile_path is not None and profile.model != plan.model
-            and not plan.model.startswith("synthetic:")):
+            and not plan.model.startswith("synthetic:")
+            and not profile.model.startswith("synthetic:")):
         raise MoefleetError(
             f"--profile was measured on '{profile.model}', the plan is for '{plan.model}'",
             "use a profile of the planned model (moefleet profile-compute)")

@@ -12,14 +12,13 @@ backend (the weights are already in the store).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from moefleet.errors import DataError
-from moefleet.io import write_json_atomic
+from moefleet.io import load_json_input, write_json_atomic
 from moefleet.models.base import MoEModelAdapter
 from moefleet.plan import DeploymentPlan, PlanError, expert_function, segment_function
 from moefleet.platform import ObjectStore, PlatformSpec
@@ -102,10 +101,10 @@ class Deployment:
         if not p.is_file():
             raise DataError(f"deployment file {p} does not exist",
                             "create it with: moefleet deploy PLAN -o deployment.json")
-        try:
-            data = json.loads(p.read_text())
-        except json.JSONDecodeError as err:
-            raise DataError(f"{p} is not valid JSON: {err}", "deploy again") from err
+        data = load_json_input(p, "deployment file", "deploy again: moefleet deploy PLAN")
+        if not isinstance(data, dict):
+            raise DataError(f"{p}: a deployment file is a JSON object, got "
+                            f"{type(data).__name__}", "deploy again: moefleet deploy PLAN")
         return cls.from_dict(data, str(p))
 
 

@@ -44,6 +44,8 @@ def read_arrivals_csv(path: str | os.PathLike[str], *, sort: bool = False) -> li
     earlier than the previous row's.
     """
     file = Path(path)
+    if not file.is_file():
+        raise DataError(f"arrivals file not found: {file}", "check the path")
     text = read_text_input(file, "arrivals file", "an arrivals CSV (t_s,request_id,...)")
     out: list[Arrival] = []
     seen: set[str] = set()
