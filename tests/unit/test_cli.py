@@ -70,7 +70,7 @@ def test_profile_own_prompt_file(tmp_path: Path) -> None:
     [
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
         (["--dataset", "no-such-data"], "unknown dataset 'no-such-data'"),
-        (["--max-tokens", "0"], "Invalid value for '--max-tokens'"),
+        (["--max-tokens", "0"], "--max-tokens must be positive"),
     ],
 )
 def test_profile_errors_are_one_clear_line(args: list[str], needle: str, tmp_path: Path) -> None:

@@ -161,7 +161,7 @@ def test_nan_profile_file_is_a_data_error(measured: ComputeProfile, tmp_path: Pa
     [
         ({"batch_sizes": (0, 16)}, "batch size 0"),
         ({"threads": [1, available_cpus() + 1]}, f"thread count {available_cpus() + 1}"),
-        ({"threads": [available_cpus()], "batch_sizes": (16,)}, "lack 1"),
+        ({"threads": [available_cpus()], "batch_sizes": (16, 64)}, "lack 1"),
         ({"repeats": 0}, "repeats"),
     ],
 )

@@ -32,7 +32,7 @@ TrainOpt = Annotated[str, typer.Option(
     "--train", help="Trace .parquet, or dataset name[:split] / prompt file to profile."
 )]
 MaxTokensOpt = Annotated[int, typer.Option(
-        min=1, max=L.MAX_TOKENS, help="Tokens to profile from --train.")]
+        max=L.MAX_TOKENS, help="Tokens to profile from --train.")]
 MaxLengthOpt = Annotated[int, typer.Option(
         min=1, max=L.MAX_PROMPT_TOKENS, help="Truncate each prompt to this when profiling.")]
 EmbedOpt = Annotated[str, typer.Option(
@@ -40,6 +40,13 @@ EmbedOpt = Annotated[str, typer.Option(
 )]
 SeedOpt = Annotated[int, typer.Option(min=0, max=L.MAX_SEED, help="Seed (SPS clustering).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
+
+
+def _check_tokens(max_tokens: int) -> None:
+    # Checked even when --train is a trace (where it is unused): 0 is never meant.
+    if max_tokens <= 0:
+        raise MoefleetError(f"--max-tokens must be positive, got {max_tokens}",
+                            "pass e.g. --max-tokens 65536")
 
 
 class _Sources:
@@ -182,6 +189,7 @@ def eval_cmd(
 
     with user_errors():
         check_outputs(("--out", out), ("--png", png))
+        _check_tokens(max_tokens)
         if save_traces is not None:
             check_output_dir(save_traces, "--save-traces")
         names = parse_names(predictors)
@@ -255,6 +263,7 @@ def fit_cmd(
 
     with user_errors():
         check_outputs(("--out", out))
+        _check_tokens(max_tokens)
         if out.suffix != ".npz":
             raise MoefleetError(f"--out {out}: a predictor file is .npz (numpy arrays)",
                                 f"use e.g. -o {out.with_suffix('.npz')}")

@@ -69,7 +69,7 @@ def profile_cmd(
         str, typer.Option("--dataset", "-d", help="Dataset name[:split] or a .txt/.jsonl/.json.")
     ] = "wikitext2",
     max_tokens: Annotated[int, typer.Option(
-        min=1, max=L.MAX_TOKENS, help="Tokens to record.")] = 2048,
+        max=L.MAX_TOKENS, help="Tokens to record.")] = 2048,
     max_length: Annotated[int, typer.Option(
         min=1, max=L.MAX_PROMPT_TOKENS, help="Truncate each prompt to this.")] = 256,
     batch_size: Annotated[int, typer.Option(min=1, max=4096, help="Prompts per forward pass.")] = 8,
