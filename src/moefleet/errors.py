@@ -16,6 +16,8 @@ class MoefleetError(Exception):
     exit_code = 2
 
     def __init__(self, message: str, hint: str = "") -> None:
+        # One line each, whatever a wrapped library message held (a parser's "\n").
+        message, hint = " ".join(str(message).split()), " ".join(str(hint).split())
         super().__init__(message)
         self.message = message
         self.hint = hint

@@ -44,6 +44,14 @@ def _check_store(store: str | None) -> None:
                             "leave --store out for the default")
 
 
+def _check_dataset(dataset: str) -> None:
+    from moefleet.cli.profile import split_dataset
+    from moefleet.data import load_prompts
+
+    name, split = split_dataset(dataset)
+    load_prompts(name, split=split, limit=1)
+
+
 def _check_backend(name: str) -> None:
     from moefleet.runtime.base import backend_names
 
@@ -171,6 +179,7 @@ def run_cmd(
                                 "e.g. moefleet run --plan plan.yaml")
         check_outputs(("--out", out))
         _check_store(store)
+        _check_dataset(dataset)  # before a deployment uploads anything
         with tempfile.TemporaryDirectory(prefix="moefleet-store-") as tmp:
             summary = _run(deployment, plan, dataset, tokens, batch_size, max_length, backend,
                            store or tmp, workers, check, as_json)

@@ -360,8 +360,10 @@ def load_predictor(path: str | Path, **kwargs: Any) -> ExpertPredictor:
     loader: Callable[..., ExpertPredictor] = cls.load
     try:
         return loader(path, **kwargs)
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
-        if isinstance(err, DataError):
+    except DataError as err:
+        if str(path) in err.message:
             raise
+        raise DataError(f"{path}: {err.message}", err.hint) from None
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
         raise DataError(f"{path} is not a valid '{meta['kind']}' predictor: {err!r}",
                         "re-create it with moefleet predict fit") from None
