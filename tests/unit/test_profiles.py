@@ -14,13 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from moefleet.io import dumps_json
 import torch
 from typer.testing import CliRunner
 
 from moefleet.cli import app
 from moefleet.errors import DataError, MoefleetError
+from moefleet.io import dumps_json
 from moefleet.models.base import param_bytes
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
