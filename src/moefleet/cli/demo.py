@@ -22,8 +22,7 @@ from moefleet.io import check_output_dir
 
 def _check_inputs_early(platform: str, traffic: str | None) -> None:
     """Fail on a bad --platform or --traffic before minutes of profiling and planning."""
-    from moefleet.cli.profile import split_dataset
-    from moefleet.data import load_prompts
+    from moefleet.data import load_prompts, split_dataset
     from moefleet.platform import load_platform
 
     load_platform(platform)

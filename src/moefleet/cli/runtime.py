@@ -45,8 +45,7 @@ def _check_store(store: str | None) -> None:
 
 
 def _check_dataset(dataset: str) -> None:
-    from moefleet.cli.profile import split_dataset
-    from moefleet.data import load_prompts
+    from moefleet.data import load_prompts, split_dataset
 
     name, split = split_dataset(dataset)
     load_prompts(name, split=split, limit=1)
