@@ -12,12 +12,14 @@ Writes benchmarks/results/faults.json: per run accepted, completed, failed, ``lo
 (must be 0), outputs equal to the monolithic model, latency p50/p95 and billed cost
 (failed attempts included) and their ratio to the fault-free run. Kinds marked
 ``emulated`` are injected at the harness, not by the platform (see faults.py).
-Backends ray and aws-on-moto are not measured yet (see README).
+``--backends local,aws`` adds the aws backend on a moto server (127.0.0.1; invocations run
+the uploaded zip in forked processes, S3 traffic goes to moto). Ray is not measured yet.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform as pyplatform
 import sys
@@ -51,13 +53,37 @@ def batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
     return out
 
 
+def make_backend(name: str, spec: Any, tmp: str) -> tuple[Any, Any]:
+    """(backend, the object store its functions use)."""
+    if name == "local":
+        store = LocalObjectStore(tmp)
+        return LocalBackend(spec, store=store, workers=2), store
+    if name == "aws":
+        sys.path.insert(0, str(ROOT))
+        from moefleet.platform import open_store
+        from tests.aws_helpers import moto_aws_backend
+
+        # Fake credentials for moto only (as tests/conftest.py's aws_credentials does).
+        os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                          AWS_DEFAULT_REGION="us-east-1", AWS_CONFIG_FILE=os.devnull,
+                          AWS_SHARED_CREDENTIALS_FILE=os.devnull)
+        backend = moto_aws_backend(spec)
+        return backend, open_store(backend.store_url)
+    raise SystemExit(f"unknown backend {name!r}: use local or aws")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--rates", default="0.01,0.05,0.2")
     ap.add_argument("--kinds", default=",".join(FAULT_KINDS))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backends", default="local",
+                    help="local and/or aws (aws-on-moto: a moto server on 127.0.0.1, "
+                    "the in-process invoker; needs the aws and dev extras)")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--append", action="store_true",
+                    help="keep --out's runs of the other backends (one backend per call)")
     args = ap.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
     kinds = args.kinds.split(",")
@@ -69,44 +95,56 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     work = batches(args.requests)
     runs: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="moefleet-faults-") as tmp:
-        store = LocalObjectStore(tmp)
-        backend = LocalBackend(spec, store=store, workers=2)
-        try:
-            dep = deploy_plan(adapter, plan, spec, store, backend=backend)
-            run_under_faults(dep, backend, store, spec, FaultPlan("none", 0.0), work[:1],
-                             adapter)  # warm every function once: cold starts are not faults
-            base = run_under_faults(dep, backend, store, spec, FaultPlan("none", 0.0), work,
-                                    adapter).to_dict()
-            base["kind"] = "none"
-            runs.append(base)
-            for kind in kinds:
-                for rate in rates:
-                    r = run_under_faults(dep, backend, store, spec,
-                                         FaultPlan(kind, rate, seed=args.seed), work,
-                                         adapter).to_dict()
-                    for key in ("latency_p50_s", "latency_p95_s", "cost_usd"):
-                        r[f"added_{key}"] = r[key] - base[key]
-                    r["cost_ratio_vs_no_faults"] = r["cost_usd"] / base["cost_usd"]
-                    runs.append(r)
-                    print(f"{kind:10s} {rate:5.2f}: injected {r['faults_injected']:3d} "
-                          f"completed {r['completed']}/{r['accepted']} lost {r['lost']} "
-                          f"equal {r['outputs_equal_monolithic']} "
-                          f"p50 +{r['added_latency_p50_s']:.3f}s "
-                          f"p95 +{r['added_latency_p95_s']:.3f}s "
-                          f"cost x{r['cost_ratio_vs_no_faults']:.3f}", flush=True)
-        finally:
-            backend.teardown()
+    for backend_name in args.backends.split(","):
+        with tempfile.TemporaryDirectory(prefix="moefleet-faults-") as tmp:
+            backend, store = make_backend(backend_name, spec, tmp)
+            try:
+                dep = deploy_plan(adapter, plan, spec, store, backend=backend)
+                run_under_faults(dep, backend, store, spec, FaultPlan("none", 0.0), work[:1],
+                                 adapter)  # warm every function once: cold starts are not faults
+                base = run_under_faults(dep, backend, store, spec, FaultPlan("none", 0.0),
+                                        work, adapter).to_dict()
+                base.update(kind="none", backend=backend_name)
+                runs.append(base)
+                for kind in kinds:
+                    if kind == "crash" and backend_name != "local":
+                        continue  # worker kills need the local backend's process pool
+                    for rate in rates:
+                        r = run_under_faults(dep, backend, store, spec,
+                                             FaultPlan(kind, rate, seed=args.seed), work,
+                                             adapter).to_dict()
+                        r["backend"] = backend_name
+                        for key in ("latency_p50_s", "latency_p95_s", "cost_usd"):
+                            r[f"added_{key}"] = r[key] - base[key]
+                        r["cost_ratio_vs_no_faults"] = r["cost_usd"] / base["cost_usd"]
+                        runs.append(r)
+                        print(f"{backend_name:5s} {kind:10s} {rate:5.2f}: injected "
+                              f"{r['faults_injected']:3d} completed {r['completed']}/"
+                              f"{r['accepted']} lost {r['lost']} "
+                              f"equal {r['outputs_equal_monolithic']} "
+                              f"p50 +{r['added_latency_p50_s']:.3f}s "
+                              f"p95 +{r['added_latency_p95_s']:.3f}s "
+                              f"cost x{r['cost_ratio_vs_no_faults']:.3f}", flush=True)
+            finally:
+                backend.teardown()
     report = {
         "command": "python benchmarks/faults.py " + " ".join(argv or sys.argv[1:]),
-        "backend": "local", "model": "tiny-mixtral (random weights, 3 MoE layers, 8 experts)",
+        "backends": args.backends.split(","),
+        "model": "tiny-mixtral (random weights, 3 MoE layers, 8 experts)",
         "method": "storage", "requests_per_run": args.requests, "rates": rates,
         "total_lost": sum(r["lost"] for r in runs), "wall_s": time.perf_counter() - t0,
         "machine": {"cpus": os.cpu_count(), "platform": pyplatform.platform()},
-        "not_measured": ["ray backend", "aws backend on moto", "generation engine",
-                         "HTTP server"],
+        "not_measured": ["ray backend", "crash on aws (no worker pool to kill)",
+                         "generation engine", "HTTP server"],
         "runs": runs,
     }
+    if args.append and args.out.is_file():
+        old = json.loads(args.out.read_text())
+        mine = set(report["backends"])
+        report["runs"] = [r for r in old["runs"] if r["backend"] not in mine] + runs
+        report["backends"] = sorted({r["backend"] for r in report["runs"]})
+        report["commands"] = [*old.get("commands", [old["command"]]), report["command"]]
+        report["total_lost"] = sum(r["lost"] for r in report["runs"])
     write_json_atomic(args.out, report)
     print(f"wrote {args.out}; lost in total: {report['total_lost']}")
     return report
