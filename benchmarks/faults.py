@@ -100,8 +100,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             backend, store = make_backend(backend_name, spec, tmp)
             try:
                 dep = deploy_plan(adapter, plan, spec, store, backend=backend)
-                run_under_faults(dep, backend, store, spec, FaultPlan("none", 0.0), work[:1],
-                                 adapter)  # warm every function once: cold starts are not faults
+                # Warm every instance the requests touch: cold starts are not faults.
+                run_under_faults(dep, backend, store, spec, FaultPlan("none", 0.0), work,
+                                 adapter)
                 base = run_under_faults(dep, backend, store, spec, FaultPlan("none", 0.0),
                                         work, adapter).to_dict()
                 base.update(kind="none", backend=backend_name)
