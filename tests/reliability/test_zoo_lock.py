@@ -28,10 +28,12 @@ def slow_entry(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     state: dict[str, Any] = {"builds": 0, "started": threading.Event(),
                              "release": threading.Event()}
 
-    def build(d: Path, recipe: dict[str, Any], progress: object) -> dict[str, Any]:
+    def build(d: Path, recipe: dict[str, Any], progress: Any) -> dict[str, Any]:
         state["builds"] += 1
         state["started"].set()
         assert state["release"].wait(30)
+        if progress is not None:
+            progress(1, 2, "training")
         (d / "weights.bin").write_bytes(b"w" * 100)
         return {"fidelity": 1.0}
 
@@ -74,6 +76,20 @@ def test_stale_temporary_dirs_are_removed(cache: Path, slow_entry: dict[str, Any
     slow_entry["release"].set()
     zoo.build(name)
     assert not stale.exists() and zoo.is_built(name)
+
+
+def test_models_build_prints_plain_progress_off_terminal(cache: Path,
+                                                         slow_entry: dict[str, Any]) -> None:
+    from typer.testing import CliRunner
+
+    from moefleet.cli import app
+
+    slow_entry["release"].set()
+    res = CliRunner().invoke(app, ["models", "build", slow_entry["name"]])
+    assert res.exit_code == 0, res.output
+    # No live bar off a terminal: plain lines, one when the task starts and on each change.
+    assert f"building {slow_entry['name']}: 0" in res.stderr
+    assert f"{slow_entry['name']}: training: 1/2" in res.stderr
 
 
 @pytest.mark.slow
