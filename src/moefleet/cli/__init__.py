@@ -6,6 +6,7 @@ Every sub-command lives in its own module and is registered here.
 from __future__ import annotations
 
 import os
+import signal
 
 import typer
 
@@ -50,7 +51,14 @@ app.command("export")(_export.export_cmd)
 app.command("generate")(_generate.generate_cmd)
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # SystemExit unwinds the stack, so `with TemporaryDirectory()` and `finally` blocks
+    # (temporary object stores, deployments, partial builds) clean up as on Ctrl-C.
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     # Hugging Face prints its own progress bars and hub warnings; ours are on stderr.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from moefleet.errors import MoefleetError
+from moefleet.limits import MAX_CALL_TOKENS
 from moefleet.models.base import MoEModelAdapter, param_bytes
 from moefleet.profiles.cache import profile_for, profile_path
 from moefleet.profiles.fit import fit_batch_law, fit_thread_law
@@ -93,8 +94,16 @@ def check_grid(
                 f"batch size {n} is not a positive number of tokens",
                 "pass batch sizes ≥ 1, e.g. --batch-sizes 1,16,128,512",
             )
-    if repeats < 1:
-        raise MoefleetError(f"repeats must be ≥ 1, got {repeats}", "pass e.g. --repeats 3")
+        if n > MAX_CALL_TOKENS:
+            raise MoefleetError(f"batch size {n} exceeds the limit {MAX_CALL_TOKENS} tokens "
+                                "per timed call", "see README, 'Limits'")
+    if len(blist) < 2:
+        raise MoefleetError(
+            f"batch sizes {blist}: the batch law t = a + b*n needs at least two sizes",
+            "pass e.g. --batch-sizes 1,16,256")
+    if repeats < 1 or repeats > 1000:
+        raise MoefleetError(f"repeats must be in 1..1000, got {repeats}",
+                            "pass e.g. --repeats 3")
     return tlist, blist
 
 

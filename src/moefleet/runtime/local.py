@@ -45,6 +45,7 @@ from moefleet.runtime.base import (
     InvokeResult,
     check_payload,
     crashed_error,
+    failed_record,
     payload_limit,
     reply_handler_error,
     reply_record,
@@ -289,6 +290,7 @@ class LocalBackend(FunctionBackend):
                 header["load"] = {"function": name, "memory_mb": spec.memory_mb,
                                   "handler": {"factory": spec.handler.factory,
                                               "config": spec.handler.config}}
+        sent_at = time.time()
         try:
             with w.send_lock:
                 send_msg(w.conn, header, payload)
@@ -302,8 +304,14 @@ class LocalBackend(FunctionBackend):
             self._cond.notify_all()
             if call.timed_out or not finished:
                 self._counters["timeouts"] += 1
+                # Billed as the platform would: a timed-out attempt runs its full timeout.
+                self._records.append(failed_record(spec, sent_at, sent_at + spec.timeout_s,
+                                                   request_id, len(payload)))
                 raise timeout_error(name, spec.timeout_s)
             if call.lost or call.reply is None:
+                # The crashed attempt ran (and is billed) until the worker died.
+                self._records.append(failed_record(spec, sent_at, time.time(), request_id,
+                                                   len(payload)))
                 raise _Lost()
             reply = call.reply
             if not reply["ok"]:
