@@ -111,7 +111,7 @@ def test_wrapper_matches_the_pairwise_reference(mode: str, threshold: float) -> 
 
 
 def test_zero_brownout_is_exactly_the_inner_and_threshold_is_settable() -> None:
-    experts, _, united, inner = _setup()
+    _, _, united, inner = _setup()
     x_ND, ids_NK = torch.randn(10, 6), torch.randint(0, 8, (10, 2))
     w_NK = torch.rand(10, 2)
     fn = BrownoutExperts(inner, united, 1.0)

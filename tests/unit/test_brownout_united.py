@@ -37,7 +37,8 @@ def test_distillation_lowers_error_and_brownout_runs_on_every_family(family, ada
     for layer in united.report["layers"]:
         assert layer["rel_err"] <= layer["rel_err_init"]
     assert any(lay["rel_err"] < 0.98 * lay["rel_err_init"] for lay in united.report["layers"])
-    ids_BT = torch.randint(0, adapter.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    ids_BT = torch.randint(0, adapter.vocab_size, (2, 24), generator=gen)
     inner = adapter.local_expert_fn()
     ref = adapter.forward_layerwise(ids_BT, expert_fn=inner)
     zero = adapter.forward_layerwise(ids_BT, expert_fn=BrownoutExperts(inner, united, 1.0))
