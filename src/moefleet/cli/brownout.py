@@ -29,7 +29,7 @@ def _parse_ways(text: str) -> list[int]:
 @app.command("distill")
 def distill_cmd(
     model: Annotated[str, typer.Option(help="Zoo name or checkpoint (e.g. tiny-moe-lm-e32).")],
-    ways: Annotated[str, typer.Option(help="Experts per united expert, comma separated.")] = "2,4,8",
+    ways: Annotated[str, typer.Option(help="Experts per united expert, e.g. 2,4,8.")] = "2,4,8",
     grouping: Annotated[str, typer.Option(help="index (the paper) or similarity.")] = "index",
     calib_tokens: Annotated[int, typer.Option(help="Calibration tokens (1..1M).")] = 4096,
     max_epochs: Annotated[int, typer.Option(help="Epoch cap per united expert (1..1000).")] = 40,
@@ -63,7 +63,8 @@ def distill_cmd(
             with progress() as bar:
                 task = bar.add_task(f"{model} ways={k}", total=None)
 
-                def on_progress(done: int, total: int, desc: str, k: int = k) -> None:
+                def on_progress(done: int, total: int, desc: str, k: int = k,
+                                task: Any = task) -> None:
                     bar.update(task, completed=done, total=total,
                                description=f"ways={k} {desc}")
                     if plain:
