@@ -142,3 +142,18 @@ def test_full_brownout_at_zero_drops_everything_and_partial_needs_united() -> No
         BrownoutExperts(inner, united, 0.5, "half")
     with pytest.raises(BrownoutError, match="layer 4"):
         BrownoutExperts(inner, united, 0.5)(4, x_ND, ids_NK, w_NK)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--ways", "1"], "ways=1 is not in [2, 8]"),
+    (["--ways", "2,x"], "--ways '2,x' is not a list of integers"),
+    (["--grouping", "cosine"], "grouping 'cosine' is unknown"),
+])
+def test_distill_cli_rejects_bad_values_with_one_line(args: list[str], needle: str) -> None:
+    from typer.testing import CliRunner
+
+    from moefleet.cli import app
+
+    res = CliRunner().invoke(app, ["brownout", "distill", "--model", "tiny-olmoe-random", *args])
+    assert res.exit_code == 2
+    assert needle in res.output.replace("\n", " ")
