@@ -49,14 +49,14 @@ ProgressFn = Callable[[int, int, str], None]
 
 @dataclass(frozen=True)
 class DistillConfig:
-    calib_tokens: int = 4096
+    calib_tokens: int = 2048
     seq_len: int = 128
     calib_source: str = "c4"
-    max_pairs_per_expert: int = 1024
+    max_pairs_per_expert: int = 512
     sim_tokens: int = 256
     lr: float = 1e-3
     batch: int = 256
-    max_epochs: int = 40
+    max_epochs: int = 30
     patience: int = 4
     seed: int = 0
 
