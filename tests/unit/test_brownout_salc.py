@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -73,3 +74,46 @@ def test_bad_settings_are_clear_errors(field: str, value: float) -> None:
     if field == "slo_s":
         with pytest.raises(BrownoutError, match="slo"):
             SALC(slo_ttft_s=0.25, slo_tpot_s=value)
+
+
+def test_control_sets_the_step_threshold_from_recorded_latencies() -> None:
+    from moefleet.brownout.control import BrownoutControl
+    from moefleet.brownout.routing import BrownoutExperts, Grouping, index_groups
+
+    experts = BrownoutExperts(lambda layer, x, ids, w: x, Grouping(2, "index",
+                              {0: index_groups(4, 2)}), 1.0, "full")
+    ctl = BrownoutControl(SALC(0.25, 0.15, window_s=2.0, interval_s=0.0), experts)
+    for i in range(10):
+        ctl.record("tpot", 1.0 + 0.01 * i, 0.3)  # decode too slow
+        ctl.record("ttft", 1.0 + 0.01 * i, 0.1)  # prefill fine
+    assert ctl.before_step("decode", 1.5) == pytest.approx(0.8)
+    assert experts.threshold == pytest.approx(0.8)
+    # both controllers run every step: decode shrank again while prefill held at 1
+    assert ctl.before_step("prefill", 1.6) == 1.0
+    assert ctl.state.decode.threshold == pytest.approx(0.64)
+    # samples older than the 2 s window are dropped: no data, the threshold holds
+    assert ctl.before_step("decode", 10.0) == pytest.approx(0.64)
+    assert ctl.last is not None and ctl.last[1].action == "no-data"
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("ways=8,slo-ttft=0.25", "lacks slo_tpot_s"),
+    ("ways=8,slo-ttft=0,slo-tpot=0.15", "slo=0.0"),
+    ("ways=8,slo-ttft=0.25,slo-tpot=-1", "slo=-1.0"),
+    ("ways=1,slo-ttft=0.25,slo-tpot=0.15", "ways=1"),
+    ("ways=8,slo-ttft=fast,slo-tpot=0.15", "slo-ttft='fast'"),
+    ("ways=8,slo-ttft=0.2,slo-tpot=0.1,speed=2", "key 'speed'"),
+])
+def test_brownout_spec_errors_name_the_value(text: str, needle: str) -> None:
+    from moefleet.brownout.control import parse_brownout_spec
+
+    with pytest.raises(BrownoutError, match=re.escape(needle)):
+        parse_brownout_spec(text)
+
+
+def test_brownout_spec_parses_the_serve_option() -> None:
+    from moefleet.brownout.control import parse_brownout_spec
+
+    spec = parse_brownout_spec("ways=8, slo-ttft=0.25, slo-tpot=0.15, mode=full, shrink=0.5")
+    assert (spec.ways, spec.slo_ttft_s, spec.slo_tpot_s, spec.mode, spec.shrink) == (
+        8, 0.25, 0.15, "full", 0.5)
