@@ -49,15 +49,15 @@ ProgressFn = Callable[[int, int, str], None]
 
 @dataclass(frozen=True)
 class DistillConfig:
-    calib_tokens: int = 2048
+    calib_tokens: int = 1024
     seq_len: int = 128
     calib_source: str = "c4"
-    max_pairs_per_expert: int = 512
+    max_pairs_per_expert: int = 256
     sim_tokens: int = 256
-    lr: float = 1e-3
-    batch: int = 256
-    max_epochs: int = 30
-    patience: int = 4
+    lr: float = 2e-3
+    batch: int = 128
+    max_epochs: int = 12
+    patience: int = 3
     seed: int = 0
 
 

@@ -31,8 +31,8 @@ def distill_cmd(
     model: Annotated[str, typer.Option(help="Zoo name or checkpoint (e.g. tiny-moe-lm-e32).")],
     ways: Annotated[str, typer.Option(help="Experts per united expert, e.g. 2,4,8.")] = "2,4,8",
     grouping: Annotated[str, typer.Option(help="index (the paper) or similarity.")] = "index",
-    calib_tokens: Annotated[int, typer.Option(help="Calibration tokens (1..1M).")] = 2048,
-    max_epochs: Annotated[int, typer.Option(help="Epoch cap per united expert (1..1000).")] = 30,
+    calib_tokens: Annotated[int, typer.Option(help="Calibration tokens (1..1M).")] = 1024,
+    max_epochs: Annotated[int, typer.Option(help="Epoch cap per united expert (1..1000).")] = 12,
     force: Annotated[bool, typer.Option(help="Distill again even if cached.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Reports as JSON on stdout.")] = False,
 ) -> None:
