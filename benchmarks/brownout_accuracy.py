@@ -25,6 +25,7 @@ the paper's configurations (2, 0), (4, 0.2), (8, 0.4)).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -36,7 +37,8 @@ from typing import Any
 import torch
 
 from moefleet.brownout.distill import DistillConfig, distill
-from moefleet.brownout.routing import BrownoutExperts
+from moefleet.brownout.routing import BrownoutExperts, Grouping, index_groups
+from moefleet.brownout.united import find_cached
 from moefleet.io import write_json_atomic, write_text_atomic
 from moefleet.models import zoo
 from moefleet.models.base import ExpertFn, MoEModelAdapter
@@ -130,6 +132,10 @@ def main() -> None:
     ap.add_argument("--thresholds", default=",".join(str(t) for t in THRESHOLDS))
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--cached-only", action="store_true",
+                    help="skip (ways, grouping) whose united experts are not cached yet")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the configurations already in --out (same data sizes)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     t_start = time.perf_counter()
@@ -173,37 +179,68 @@ def main() -> None:
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items()}), flush=True)
 
-    record("zero", "-", 1.0, base, None)
     groupings = args.groupings.split(",")
     distill_s: dict[str, float] = {}
-    for grouping in groupings:
-        for ways in [int(w) for w in args.ways.split(",")]:
+    if args.resume and args.out.is_file():
+        old = json.loads(args.out.read_text())
+        if old["setup"]["piqa_items"] != len(items) or old["setup"]["wikitext2_tokens"] != int(
+                ids_WT.numel()):
+            raise SystemExit(f"{args.out} was measured on other data sizes; drop --resume")
+        rows.extend(r for r in old["rows"] if r["ways"] != "zero")
+        distill_s.update(old["setup"].get("united_seconds (distill, or load if cached)", {}))
+    record("zero", "-", 1.0, base, None)
+
+    def done(ways: str, grouping: str, th: float) -> bool:
+        return any(r["ways"] == ways and r["grouping"] == grouping
+                   and abs(r["threshold"] - th) < 1e-9 for r in rows)
+
+    def save() -> None:
+        setup = {"piqa_items": len(items), "wikitext2_tokens": int(ids_WT.numel()),
+                 "batch_sequences_per_call": args.batch, "torch_threads": 1,
+                 "distill_config": dataclasses.asdict(DistillConfig()),
+                 "united_seconds (distill, or load if cached)": distill_s,
+                 "machine": platform.machine(), "cpus": os.cpu_count(),
+                 "seconds_this_run": round(time.perf_counter() - t_start, 1)}
+        write_all(args, sorted(rows, key=_order), base, setup, groupings)
+
+    # full brownout drops pairs outside S1 and never uses groups: any grouping will do
+    by_index = Grouping(2, "index", {layer: index_groups(adapter.num_experts(layer), 2)
+                                     for layer in adapter.moe_layers})
+    for th in thresholds:
+        if th >= 1.0 or done("full", "-", th):
+            continue
+        shared = BrownoutExperts(inner, by_index, th, "full")
+        res = evaluate(lambda s=shared: s)
+        record("full", "-", th, res, shared.stats)
+        save()
+    for ways in [int(w) for w in args.ways.split(",")]:
+        for grouping in groupings:
+            cfg = DistillConfig()
+            if args.cached_only and find_cached(adapter, ways, grouping,
+                                                dataclasses.asdict(cfg)) is None:
+                print(f"skipping {ways}-way {grouping}: not distilled yet", flush=True)
+                continue
             t0 = time.perf_counter()
-            united = distill(adapter, ways, grouping, DistillConfig())
+            united = distill(adapter, ways, grouping, cfg)
             distill_s[f"{grouping}-{ways}"] = round(time.perf_counter() - t0, 1)
             for th in thresholds:
-                if th >= 1.0:
+                if th >= 1.0 or done(str(ways), grouping, th):
                     continue
                 # one wrapper for the whole evaluation: its stats cover every call
                 shared = BrownoutExperts(inner, united, th, "partial")
                 res = evaluate(lambda s=shared: s)
                 record(str(ways), grouping, th, res, shared.stats)
-    for th in thresholds:
-        if th >= 1.0:
-            continue
-        any_grouping = distill(adapter, 2, groupings[0], DistillConfig()).grouping
-        shared = BrownoutExperts(inner, any_grouping, th, "full")
-        res = evaluate(lambda s=shared: s)
-        record("full", "-", th, res, shared.stats)
+                save()
+    save()
+
+
+def write_all(args: argparse.Namespace, rows: list[dict[str, Any]], base: dict[str, Any],
+              setup: dict[str, Any], groupings: list[str]) -> None:
     summary = summarise(rows, base)
     out = {
         "model": args.model,
         "emulated": False,
-        "setup": {"piqa_items": len(items), "wikitext2_tokens": int(ids_WT.numel()),
-                  "batch_sequences_per_call": args.batch, "torch_threads": 1,
-                  "distill_config": DistillConfig().__dict__, "distill_seconds": distill_s,
-                  "machine": platform.machine(), "cpus": os.cpu_count(),
-                  "total_seconds": round(time.perf_counter() - t_start, 1)},
+        "setup": setup,
         "zero_brownout": {k: base[k] for k in ("piqa_acc", "wikitext2_ppl")},
         "rows": rows,
         "summary": summary,
@@ -211,7 +248,11 @@ def main() -> None:
     write_json_atomic(args.out, out)
     write_text_atomic(args.out.with_suffix(".md"), table_md(rows, groupings))
     plot(rows, groupings, args.out.with_suffix(".png"))
-    print(json.dumps(summary, indent=2))
+
+
+def _order(r: dict[str, Any]) -> tuple:
+    rank = {"zero": 0, "2": 1, "4": 2, "8": 3, "full": 4}
+    return (rank.get(r["ways"], 5), r["grouping"], -r["threshold"])
 
 
 def summarise(rows: list[dict[str, Any]], base: dict[str, Any]) -> dict[str, Any]:
