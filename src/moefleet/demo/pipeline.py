@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from moefleet.errors import MoefleetError
+from moefleet.models.shape import ModelShape
 
 THROUGHPUT_LOSS = 0.1876  # the SLO: LambdaML's latency / (1 - the paper's largest loss)
 
@@ -78,8 +79,7 @@ def _quiet(_label: str, _done: int, _total: int) -> None:
 
 def _profile(adapter: Any, dataset: str, tokens: int, max_length: int, say: Say,
              progress: Progress = _quiet) -> Any:
-    from moefleet.cli.profile import split_dataset
-    from moefleet.data import load_prompts
+    from moefleet.data import load_prompts, split_dataset
     from moefleet.traces import profile
 
     name, split = split_dataset(dataset)
@@ -98,7 +98,7 @@ class Prepared:
     """Stages 1-4: everything BO and the comparison need (see the module doc)."""
 
     adapter: Any
-    summary: Any
+    summary: ModelShape
     profile: Any
     spec: Any
     predictor: Any  # BayesPredictor fitted on the first part of the train trace
@@ -128,7 +128,6 @@ def prepare(cfg: DemoConfig, say: Say = print, progress: Progress = _quiet) -> P
     from moefleet.plan import LambdaMLPlanner
     from moefleet.plan.bo_eval import batches_from_trace, counts_for_plan, split_requests
     from moefleet.platform import load_platform
-    from moefleet.predict.base import ModelShape
     from moefleet.predict.bayes import BayesPredictor
     from moefleet.profiles.cache import profile_for
 
@@ -257,29 +256,18 @@ def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, dataset: str,
 
     from moefleet.plan import DeploymentPlan
     from moefleet.platform import open_store
-    from moefleet.runtime.base import create_backend, validate_spec
-    from moefleet.runtime.deploy import deploy_plan, install
-    from moefleet.runtime.executor import Executor
-    from moefleet.runtime.runner import make_batches, run_workload
+    from moefleet.runtime.runner import make_batches
+    from moefleet.runtime.session import run_plan
 
     plan = DeploymentPlan.load(plan_path)
     rids, texts = _workload_texts(work, dataset)
     batches = make_batches(adapter, rids, texts, max_tokens=work.num_tokens,
                            max_length=cfg.max_length, batch_size=8)
+    options: dict[str, Any] = {} if cfg.workers is None else {"workers": cfg.workers}
     with tempfile.TemporaryDirectory(prefix="moefleet-demo-store-") as tmp:
-        store = open_store(tmp)
-        dep = deploy_plan(adapter, plan, spec, store, backend_name="local")
-        dep.functions = [validate_spec(spec, f) for f in dep.functions]
-        options: dict[str, Any] = {"store": dep.store}
-        if cfg.workers is not None:
-            options["workers"] = cfg.workers
-        backend = create_backend("local", spec, **options)
-        try:
-            install(dep, backend)
-            with Executor(dep, backend, store, spec) as executor:
-                s = run_workload(executor, batches, reference=adapter, progress=progress)
-        finally:
-            backend.teardown()
+        s = run_plan(plan, batches, platform=spec, store=open_store(tmp), adapter=adapter,
+                     backend="local", backend_options=options, reference=adapter,
+                     progress=progress)
     moe = s["cost_usd"]["by_kind"].get("expert", 0.0)
     return {"moe_cost_usd": moe, "total_cost_usd": s["cost_usd"]["total"],
             "throughput_tokens_per_s": s["throughput_tokens_per_s"], "tokens": s["tokens"],
@@ -288,8 +276,7 @@ def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, dataset: str,
 
 
 def _workload_texts(work: Any, dataset: str) -> tuple[list[str], list[str]]:
-    from moefleet.cli.profile import split_dataset
-    from moefleet.data import load_prompts
+    from moefleet.data import load_prompts, split_dataset
 
     name, split = split_dataset(dataset)
     wanted = list(dict.fromkeys(work.table.column("request_id").to_pylist()))
