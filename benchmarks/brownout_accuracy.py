@@ -236,6 +236,8 @@ def main() -> None:
 
 def write_all(args: argparse.Namespace, rows: list[dict[str, Any]], base: dict[str, Any],
               setup: dict[str, Any], groupings: list[str]) -> None:
+    # every grouping measured so far, this run's or a resumed run's
+    groupings = [g for g in ("index", "similarity") if any(r["grouping"] == g for r in rows)]
     summary = summarise(rows, base)
     out = {
         "model": args.model,
