@@ -16,8 +16,8 @@ from moefleet.brownout.united import entry_dir, load_entry
 from moefleet.models import zoo
 from tests.conftest import FAMILIES
 
-CFG = DistillConfig(calib_tokens=512, seq_len=64, calib_source="wikitext2-raw-test",
-                    max_pairs_per_expert=128, sim_tokens=64, max_epochs=8, patience=3,
+CFG = DistillConfig(calib_tokens=256, seq_len=64, calib_source="wikitext2-raw-test",
+                    max_pairs_per_expert=96, sim_tokens=64, max_epochs=6, patience=3,
                     lr=3e-3)
 
 
