@@ -11,6 +11,7 @@ import typer
 
 from moefleet.cli import brownout as _brownout
 from moefleet.cli import demo as _demo
+from moefleet.cli import generate as _generate
 from moefleet.cli import models as _models
 from moefleet.cli import plan as _plan
 from moefleet.cli import plan_bo as _plan_bo
@@ -44,6 +45,7 @@ app.command("demo")(_demo.demo_cmd)
 app.command("deploy")(_runtime.deploy_cmd)
 app.command("run")(_runtime.run_cmd)
 app.command("simulate")(_simulate.simulate_cmd)
+app.command("generate")(_generate.generate_cmd)
 
 
 def main() -> None:
