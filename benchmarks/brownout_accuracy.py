@@ -14,8 +14,8 @@ For ways in {2, 4, 8} (partial brownout with united experts of both groupings) a
 
 The model runs through ``forward_layerwise`` with ``BrownoutExperts`` around the local
 experts; brownout decides per MoE layer per call, a call being one batch of
-``--batch`` sequences; padding never reaches the experts (only valid rows are routed,
-as in the engine). Threshold 1.0 is zero brownout for every ways (computed once).
+``--batch`` sequences; padding never reaches the experts (forward_layerwise routes
+only valid rows, as the engine does). Threshold 1.0 is zero brownout for every ways (computed once).
 
 Writes benchmarks/results/brownout_accuracy.json (+ .png, + .md table): every figure,
 the accuracy loss vs zero brownout, and the bars (similarity vs index at 8 ways; loss at
@@ -41,23 +41,12 @@ from moefleet.brownout.routing import BrownoutExperts, Grouping, index_groups
 from moefleet.brownout.united import find_cached
 from moefleet.io import write_json_atomic, write_text_atomic
 from moefleet.models import zoo
-from moefleet.models.base import ExpertFn, MoEModelAdapter
+from moefleet.models.base import MoEModelAdapter
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "brownout_accuracy.json"
 THRESHOLDS = [round(1.0 - 0.1 * i, 1) for i in range(11)]
 PAPER_CONFIGS = [("2", 0.0), ("4", 0.2), ("8", 0.4)]
-
-
-def valid_only(fn: ExpertFn, valid_N: torch.Tensor) -> ExpertFn:
-    """Route only the valid (non-padding) rows through ``fn``; padding rows get zeros."""
-
-    def run(layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor, w_NK: torch.Tensor):
-        y_ND = torch.zeros_like(x_ND)
-        y_ND[valid_N] = fn(layer, x_ND[valid_N], ids_NK[valid_N], w_NK[valid_N])
-        return y_ND
-
-    return run
 
 
 def piqa_items(n: int) -> list[tuple[str, str, str, int]]:
@@ -98,8 +87,8 @@ def loglik(adapter: MoEModelAdapter, fn_for: Any, reqs: list[tuple[list[int], in
         for b, (ids, _) in enumerate(chunk):
             ids_BT[b, : len(ids)] = torch.tensor(ids)
             mask_BT[b, : len(ids)] = 1
-        fn = valid_only(fn_for(), mask_BT.reshape(-1).bool())
-        logits = adapter.forward_layerwise(ids_BT, mask_BT, fn)
+        # forward_layerwise routes only the valid rows: padding never reaches experts
+        logits = adapter.forward_layerwise(ids_BT, mask_BT, fn_for())
         logp_BTV = logits.float().log_softmax(-1)
         for b, (ids, n_cont) in enumerate(chunk):
             pos = torch.arange(len(ids) - n_cont, len(ids))
