@@ -11,6 +11,7 @@ import signal
 import typer
 
 from moefleet.cli import autoscale as _autoscale
+from moefleet.cli import brownout as _brownout
 from moefleet.cli import demo as _demo
 from moefleet.cli import export as _export
 from moefleet.cli import generate as _generate
@@ -41,6 +42,7 @@ app.add_typer(_platforms.app, name="platforms")
 _plan.app.command("bo")(_plan_bo.bo_cmd)  # beside `plan show`; its own module (many options)
 app.add_typer(_plan.app, name="plan")
 app.add_typer(_predict.app, name="predict")
+app.add_typer(_brownout.app, name="brownout")
 app.command("profile")(_profile.profile_cmd)
 app.command("profile-compute")(_profile_compute.profile_compute_cmd)
 app.command("demo")(_demo.demo_cmd)
