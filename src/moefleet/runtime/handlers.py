@@ -300,7 +300,8 @@ def debug_handler(config: dict[str, Any], init: InitContext) -> Handler:
     ``echo`` (return the request bytes), ``sleep`` (``seconds``), ``crash`` (the process
     exits at once), ``crash_once`` (exit unless ``flag`` file exists; creates it),
     ``fail`` (raise ValueError), ``store`` (``puts`` PUTs then GETs of one key), ``copy``
-    (GET ``in``, PUT it as ``out``), ``big`` (return ``nbytes`` of tensor), ``pid``."""
+    (GET ``in``, PUT it as ``out``), ``big`` (return ``nbytes`` of tensor), ``alloc`` (hold
+    ``nbytes`` of touched memory for the call), ``spin`` (burn ``seconds`` of CPU), ``pid``."""
     time.sleep(float(config.get("init_sleep_s", 0.0)))
     if config.get("init_fail"):
         raise ValueError(f"{init.function}: init_fail was set")
@@ -334,6 +335,14 @@ def debug_handler(config: dict[str, Any], init: InitContext) -> Handler:
             store.put(meta["out"], store.get(meta["in"]))
         elif op == "big":
             return pack({"blob": torch.zeros(int(meta["nbytes"]), dtype=torch.uint8)})
+        elif op == "alloc":  # ones, not zeros: every page is written, so it is resident
+            held = torch.ones(int(meta["nbytes"]), dtype=torch.uint8)
+            meta["sum"] = int(held[:: 4096].sum())
+            del held
+        elif op == "spin":
+            until = time.process_time() + float(meta["seconds"])
+            while time.process_time() < until:
+                pass
         elif op != "pid":
             raise PayloadError(f"{ctx.function}: unknown debug op {op!r}", "see debug_handler")
         return pack(meta={"pid": os.getpid(), "op": op})
