@@ -35,9 +35,13 @@ BACKEND_IMPORTS: dict[str, tuple[str, ...]] = {
     "aws": ("torch", "boto3", "moefleet.runtime.base", "moefleet.runtime.handlers",
             "moefleet.runtime.stores"),
 }
+# After the imports, one small forward (matmul + activation) initialises torch's CPU
+# kernels and thread pool, as a handler's first call would.
 _PROBE = (
     "import importlib, json, sys\n"
     "for m in sys.argv[1:]: importlib.import_module(m)\n"
+    "import torch\n"
+    "x = torch.nn.functional.gelu(torch.randn(64, 256) @ torch.randn(256, 256))\n"
     "rss = [int(l.split()[1]) * 1024 for l in open('/proc/self/status') "
     "if l.startswith('VmRSS')][0]\n"
     "print(json.dumps({'rss_bytes': rss}))\n"
