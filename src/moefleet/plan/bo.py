@@ -23,9 +23,9 @@ Iteration 0 evaluates the unadjusted predictions (no pairs: every value -1) and 
 sampler's history as a completed trial, so the first epsilon-greedy move starts from it
 (a few pairs written), not from a random table rewrite. The best cost BO reports is
 therefore never worse than the unadjusted plan's. Each iteration's replication rules set
-its epsilon decay (:mod:`moefleet.plan.bo_samplers`: a rule firing slows the decay). Convergence (Alg. 2 line 33): stop when the best
-cost has improved by less than ``threshold`` (relative) over the last ``patience``
-iterations, or after ``max_iters``.
+its epsilon decay (:mod:`moefleet.plan.bo_samplers`: a rule firing slows the decay).
+Convergence (Alg. 2 line 33): stop when the best cost has improved by less than
+``threshold`` (relative) over the last ``patience`` iterations, or after ``max_iters``.
 """
 
 from __future__ import annotations
