@@ -69,8 +69,7 @@ class _Sources:
         return self._profile(ref, max_tokens)
 
     def _profile(self, ref: str, max_tokens: int) -> Any:
-        from moefleet.cli.profile import split_dataset
-        from moefleet.data import load_prompts
+        from moefleet.data import load_prompts, split_dataset
         from moefleet.traces import profile, write_trace
 
         if max_tokens <= 0:

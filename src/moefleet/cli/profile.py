@@ -13,14 +13,6 @@ from moefleet.errors import MoefleetError
 DEFAULT_MODEL = "minilm-moe-e8"
 
 
-def split_dataset(ref: str) -> tuple[str, str | None]:
-    """``name:split`` -> (name, split); paths keep their colons only if they exist."""
-    if ":" in ref and not Path(ref).exists():
-        name, split = ref.rsplit(":", 1)
-        return name, split or None
-    return ref, None
-
-
 def run_profile(
     model: str,
     dataset: str,
@@ -31,7 +23,7 @@ def run_profile(
     json_mode: bool,
 ):  # -> Trace
     from moefleet.cli.models import load_with_progress
-    from moefleet.data import load_prompts
+    from moefleet.data import load_prompts, split_dataset
     from moefleet.traces import profile
 
     if max_tokens <= 0:

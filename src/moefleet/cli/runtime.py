@@ -49,16 +49,14 @@ def _deploy(plan_path: Path, backend: str, store_url: str, json_mode: bool):
     from moefleet.cli.models import load_with_progress
     from moefleet.plan import DeploymentPlan
     from moefleet.platform import load_platform, open_store
-    from moefleet.runtime.base import validate_spec
-    from moefleet.runtime.deploy import deploy_plan
+    from moefleet.runtime.session import deploy
 
     _check_backend(backend)
     plan = DeploymentPlan.load(plan_path)
     platform = load_platform(plan.platform)
     adapter = load_with_progress(plan.model, json_mode)
     store = open_store(store_url)
-    dep = deploy_plan(adapter, plan, platform, store, backend_name=backend)
-    dep.functions = [validate_spec(platform, spec) for spec in dep.functions]
+    dep = deploy(plan, adapter, platform, store, backend_name=backend)
     return dep, adapter, platform, store
 
 
@@ -173,45 +171,40 @@ def _run(deployment: Path | None, plan: Path | None, dataset: str, tokens: int,
          batch_size: int, max_length: int, backend_name: str, store_url: str,
          workers: int | None, check: bool, json_mode: bool) -> dict[str, Any]:
     from moefleet.cli.models import load_with_progress
-    from moefleet.cli.profile import split_dataset
-    from moefleet.data import load_prompts
+    from moefleet.data import load_prompts, split_dataset
+    from moefleet.plan import DeploymentPlan
     from moefleet.platform import load_platform, open_store
-    from moefleet.runtime.base import create_backend
-    from moefleet.runtime.deploy import Deployment, install, remove_objects
-    from moefleet.runtime.executor import Executor
-    from moefleet.runtime.runner import make_batches, run_workload
+    from moefleet.runtime.deploy import Deployment
+    from moefleet.runtime.runner import make_batches
+    from moefleet.runtime.session import run_plan
 
+    source: Deployment | DeploymentPlan
     if deployment is not None:
-        dep = Deployment.load(deployment)
-        platform = load_platform(dep.platform)
-        adapter = load_with_progress(dep.model, json_mode)
-        store = open_store(dep.store)
-        backend_name = dep.backend
+        source = Deployment.load(deployment)
+        model, platform_name, store_url = source.model, source.platform, source.store
+        backend_name = source.backend
     else:
         assert plan is not None
-        dep, adapter, platform, store = _deploy(plan, backend_name, store_url, json_mode)
-    options: dict[str, Any] = {"store": dep.store}
-    if workers is not None:
-        options["workers"] = workers
-    backend = None
-    try:  # with --plan, a bad dataset or backend setup leaves no weights behind either
-        name, split = split_dataset(dataset)
-        prompts = load_prompts(name, split=split)
-        batches = make_batches(adapter, [p.request_id for p in prompts],
-                               [p.text for p in prompts], max_tokens=tokens,
-                               max_length=max_length, batch_size=batch_size)
-        backend = create_backend(backend_name, platform, **options)
-        install(dep, backend)
-        with Executor(dep, backend, store, platform) as executor, progress() as bar:
-            task = bar.add_task(f"running {dep.model} on {backend_name}", total=len(batches))
-            summary = run_workload(
-                executor, batches, reference=adapter if check else None,
-                progress=lambda done, total: bar.update(task, completed=done, total=total))
-    finally:
-        if backend is not None:
-            backend.teardown()
-        if plan is not None:
-            remove_objects(dep, store)
+        _check_backend(backend_name)
+        source = DeploymentPlan.load(plan)
+        model, platform_name = source.model, source.platform
+    platform = load_platform(platform_name)
+    adapter = load_with_progress(model, json_mode)
+    store = open_store(store_url)
+    # the dataset is read before anything is deployed: a bad one leaves nothing behind
+    name, split = split_dataset(dataset)
+    prompts = load_prompts(name, split=split)
+    batches = make_batches(adapter, [p.request_id for p in prompts],
+                           [p.text for p in prompts], max_tokens=tokens,
+                           max_length=max_length, batch_size=batch_size)
+    options: dict[str, Any] = {} if workers is None else {"workers": workers}
+    with progress() as bar:
+        task = bar.add_task(f"running {model} on {backend_name}", total=len(batches))
+        summary = run_plan(
+            source, batches, platform=platform, store=store, adapter=adapter,
+            backend=backend_name, backend_options=options,
+            reference=adapter if check else None,
+            progress=lambda done, total: bar.update(task, completed=done, total=total))
     summary["dataset"] = dataset
     return summary
 

@@ -11,7 +11,13 @@ Names, folders, splits and licences: :func:`list_datasets`. Resolution rules:
 
 from moefleet.data.files import load_file
 from moefleet.data.prompts import Prompt, paragraphs
-from moefleet.data.registry import DatasetInfo, dataset_names, list_datasets, load_prompts
+from moefleet.data.registry import (
+    DatasetInfo,
+    dataset_names,
+    list_datasets,
+    load_prompts,
+    split_dataset,
+)
 
 __all__ = [
     "DatasetInfo",
@@ -21,4 +27,5 @@ __all__ = [
     "load_file",
     "load_prompts",
     "paragraphs",
+    "split_dataset",
 ]

@@ -47,6 +47,14 @@ class DatasetInfo:
     location: Path | None
 
 
+def split_dataset(ref: str) -> tuple[str, str | None]:
+    """``name:split`` -> (name, split); paths keep their colons only if they exist."""
+    if ":" in ref and not Path(ref).exists():
+        name, split = ref.rsplit(":", 1)
+        return name, split or None
+    return ref, None
+
+
 def dataset_names() -> list[str]:
     """Registered dataset names, in listing order."""
     return [spec.name for spec in DATASETS]

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from moefleet.errors import MoefleetError
+from moefleet.models.shape import ModelShape
 
 THROUGHPUT_LOSS = 0.1876  # the SLO: LambdaML's latency / (1 - the paper's largest loss)
 
@@ -82,8 +83,7 @@ def _quiet(_label: str, _done: int, _total: int) -> None:
 
 def _profile(adapter: Any, dataset: str, tokens: int, max_length: int, say: Say,
              progress: Progress = _quiet) -> Any:
-    from moefleet.cli.profile import split_dataset
-    from moefleet.data import load_prompts
+    from moefleet.data import load_prompts, split_dataset
     from moefleet.traces import profile
 
     name, split = split_dataset(dataset)
@@ -102,7 +102,7 @@ class Prepared:
     """Stages 1-4: everything BO and the comparison need (see the module doc)."""
 
     adapter: Any
-    summary: Any
+    summary: ModelShape
     profile: Any
     spec: Any
     predictor: Any  # BayesPredictor fitted on the first part of the train trace
@@ -132,7 +132,6 @@ def prepare(cfg: DemoConfig, say: Say = print, progress: Progress = _quiet) -> P
     from moefleet.plan import LambdaMLPlanner
     from moefleet.plan.bo_eval import batches_from_trace, counts_for_plan, split_requests
     from moefleet.platform import load_platform
-    from moefleet.predict.base import ModelShape
     from moefleet.predict.bayes import BayesPredictor
     from moefleet.profiles.cache import profile_for
 
@@ -265,33 +264,30 @@ def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, dataset: str,
 
     from moefleet.plan import DeploymentPlan
     from moefleet.platform import Meter, open_store
-    from moefleet.runtime.deploy import deploy_plan, install
-    from moefleet.runtime.executor import Executor
-    from moefleet.runtime.local import LocalBackend
     from moefleet.runtime.runner import make_batches
+    from moefleet.runtime.session import open_deployment
 
     plan = DeploymentPlan.load(plan_path)
     rids, texts = _workload_texts(work, dataset)
     (batch,) = make_batches(adapter, rids, texts, max_tokens=work.num_tokens,
                             max_length=cfg.max_length, batch_size=len(rids))
-    with tempfile.TemporaryDirectory(prefix="moefleet-demo-store-") as tmp:
-        store = open_store(tmp)
-        dep = deploy_plan(adapter, plan, spec, store, backend_name="local")
-        backend = LocalBackend(spec, store=dep.store, workers=cfg.workers, limits=True)
+    options: dict[str, Any] = {"limits": True}
+    if cfg.workers is not None:
+        options["workers"] = cfg.workers
+    with tempfile.TemporaryDirectory(prefix="moefleet-demo-store-") as tmp, \
+            open_deployment(plan, platform=spec, store=open_store(tmp), adapter=adapter,
+                            backend="local", backend_options=options) as session:
+        backend: Any = session.backend  # LocalBackend: stats() has the limit counters
+        t0 = time.perf_counter()
         try:
-            install(dep, backend)
-            with Executor(dep, backend, store, spec) as executor:
-                t0 = time.perf_counter()
-                try:
-                    res = executor.run_batch(*batch)
-                except MoefleetError as err:
-                    return {"error": err.message, "limits": backend.stats()["limits"],
-                            "out_of_memory": backend.stats()["out_of_memory"]}
-                wall = time.perf_counter() - t0
-                client_puts, client_gets = executor.client_requests()
+            res = session.run_batch(*batch)
+        except MoefleetError as err:
             stats = backend.stats()
-        finally:
-            backend.teardown()
+            return {"error": err.message, "limits": stats.get("limits"),
+                    "out_of_memory": stats.get("out_of_memory")}
+        wall = time.perf_counter() - t0
+        client_puts, client_gets = session.executor.client_requests()
+        stats = backend.stats()
     if progress:
         progress(1, 1)
     meter = Meter(spec)
@@ -316,8 +312,7 @@ def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, dataset: str,
 
 
 def _workload_texts(work: Any, dataset: str) -> tuple[list[str], list[str]]:
-    from moefleet.cli.profile import split_dataset
-    from moefleet.data import load_prompts
+    from moefleet.data import load_prompts, split_dataset
 
     name, split = split_dataset(dataset)
     wanted = list(dict.fromkeys(work.table.column("request_id").to_pylist()))

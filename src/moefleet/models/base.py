@@ -36,6 +36,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from moefleet.models.shape import ModelShape
+
 # expert_fn(layer, x_ND, ids_NK, weights_NK) -> y_ND: the weighted sum of the chosen
 # experts' outputs for every token (no residual, no shared expert).
 ExpertFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -49,22 +51,6 @@ class ForwardContext:
     attention_mask_BT: torch.Tensor | None
     position_ids_BT: torch.Tensor
     extras: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ModelSummary:
-    name: str
-    family: str
-    num_layers: int
-    moe_layers: list[int]
-    num_experts: list[int]
-    top_k: int
-    hidden_size: int
-    vocab_size: int
-    expert_param_bytes: int
-    non_expert_param_bytes: int
-    total_param_bytes: int
-    causal: bool
 
 
 def param_bytes(module: nn.Module) -> int:
@@ -214,14 +200,15 @@ class MoEModelAdapter(ABC):
         """Within this block, attention modules return their probabilities."""
         yield
 
-    def summary(self) -> ModelSummary:
+    def summary(self) -> ModelShape:
+        """This model's :class:`ModelShape`, sizes included."""
         expert_bytes = sum(
             param_bytes(self.expert_view(layer, i))
             for layer in self.moe_layers
             for i in range(self.num_experts(layer))
         )
         total = param_bytes(self.model)
-        return ModelSummary(
+        return ModelShape(
             name=self.name,
             family=self.family,
             num_layers=self.num_layers,

@@ -1,6 +1,8 @@
 """Deployment planning. ``DeploymentPlan`` is the shared plan format.
 
 - :mod:`~moefleet.plan.problem`: ``PlanningProblem`` (what a planner is given);
+- :mod:`~moefleet.plan.placement`: ``Placement`` (``plan.placement()``), the only
+  derivation of function names, experts per function, memory and replicas;
 - :mod:`~moefleet.plan.costmodel`: ODS/BO's analytical cost/latency model, ``evaluate``;
 - planners (``Planner`` ABC): ``OdsPlanner`` (ODS Alg. 1 over exact per-method solves),
   ``MiqcpPlanner`` (problem (12) in SCIP/Gurobi), ``RandomPlanner``, ``LambdaMLPlanner``;
@@ -17,6 +19,7 @@ from moefleet.plan.baselines import (
 from moefleet.plan.costmodel import Estimate, LayerEstimate, evaluate
 from moefleet.plan.miqcp import MiqcpPlanner, solve_miqcp
 from moefleet.plan.ods import OdsPlanner
+from moefleet.plan.placement import PlacedFunction, Placement
 from moefleet.plan.plan import (
     CODE_METHODS,
     METHOD_CODES,
@@ -25,8 +28,6 @@ from moefleet.plan.plan import (
     LayerPlan,
     Method,
     PlanError,
-    expert_function,
-    segment_function,
 )
 from moefleet.plan.problem import InfeasibleError, PlanningProblem, candidate_memory_options
 from moefleet.plan.registry import PLANNERS, get_planner, planner_names
@@ -47,6 +48,8 @@ __all__ = [
     "Method",
     "MiqcpPlanner",
     "OdsPlanner",
+    "PlacedFunction",
+    "Placement",
     "PlanError",
     "Planner",
     "PlanningProblem",
@@ -55,9 +58,7 @@ __all__ = [
     "candidate_memory_options",
     "cpu_cluster_cost",
     "evaluate",
-    "expert_function",
     "get_planner",
     "planner_names",
-    "segment_function",
     "solve_miqcp",
 ]

@@ -225,7 +225,7 @@ class BayesOpt:
     # -- key ranges -------------------------------------------------------------------
     def _collect_limited(self, ev: Evaluation) -> None:
         keys: set[TableKey] = set()
-        layers = self.shape.layers
+        layers = self.shape.moe_layers
         for b, out in zip(self.batches, ev.outcomes, strict=True):
             sel = out.mismatched_LE[b.layer_idx, b.expert]
             for li, t, p, a, e in zip(b.layer_idx[sel].tolist(), b.token[sel].tolist(),
@@ -239,9 +239,9 @@ class BayesOpt:
         if q < round(self.config.mu * self.config.pairs) and self._limited:
             return self._limited[k % len(self._limited)]
         rng = np.random.default_rng([self.config.seed, k])
-        li = int(rng.integers(self.shape.num_layers))
+        li = int(rng.integers(self.shape.num_moe_layers))
         tokens = self._tokens if self._tokens.size else np.zeros(1, np.int64)
-        return TableKey(self.shape.layers[li], int(tokens[rng.integers(tokens.size)]),
+        return TableKey(self.shape.moe_layers[li], int(tokens[rng.integers(tokens.size)]),
                         int(rng.integers(self._max_pos + 1)),
                         int(tokens[rng.integers(tokens.size)]),
                         int(rng.integers(self.shape.num_experts[li])))

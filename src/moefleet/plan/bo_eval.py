@@ -93,7 +93,7 @@ def batches_from_trace(trace: Trace, shape: ModelShape, batch_tokens: int,
         groups.pop()
     if max_batches is not None:
         groups = groups[:max_batches]
-    L, E, K = shape.num_layers, shape.max_experts, shape.top_k
+    L, E, K = shape.num_moe_layers, shape.max_experts, shape.top_k
     out = []
     for g in groups:
         rows = np.isin(ta.req_idx_N, np.asarray(g, np.int64))

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from moefleet.errors import MoefleetError
 from moefleet.io import write_text_atomic
+from moefleet.plan.placement import Placement
 
 Method = Literal["pipelined", "storage", "direct"]
 METHOD_CODES: dict[Method, int] = {"pipelined": 1, "storage": 2, "direct": 3}
@@ -96,11 +97,16 @@ class DeploymentPlan(_Strict):
                 return lp
         raise KeyError(f"plan has no MoE layer {layer}")
 
+    def placement(self) -> Placement:
+        """The plan's functions: one segment per block, one function per expert (names,
+        memory, replicas). Everything that needs a function name reads this."""
+        return Placement.build(
+            self.segment_memory_mb,
+            ((lp.layer, (i,), ec.memory_mb, ec.replicas)
+             for lp in self.layers for i, ec in enumerate(lp.experts)))
+
     def function_names(self) -> list[str]:
-        names = [segment_function(i) for i in range(len(self.segment_memory_mb))]
-        for lp in self.layers:
-            names += [expert_function(lp.layer, i) for i in range(len(lp.experts))]
-        return names
+        return self.placement().names
 
     # -- checks against a model and a platform ----------------------------------------
     def check_model(self, moe_layers: list[int], num_experts: list[int], num_blocks: int) -> None:
@@ -210,11 +216,3 @@ class DeploymentPlan(_Strict):
             ],
             policy=policy,
         )
-
-
-def segment_function(block: int) -> str:
-    return f"seg-{block}"
-
-
-def expert_function(layer: int, expert: int) -> str:
-    return f"exp-{layer}-{expert}"

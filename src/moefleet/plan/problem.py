@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from moefleet.errors import DataError, MoefleetError
+from moefleet.models.shape import ModelShape
 from moefleet.platform.inline import planning_inline_bytes
 from moefleet.platform.specs import LinearVcpu, PlatformSpec
 from moefleet.profiles.model import ComputeProfile
@@ -389,7 +390,7 @@ class PlanningProblem:
     @classmethod
     def from_summary(
         cls,
-        summary: Any,  # moefleet.models.base.ModelSummary (kept untyped: no torch import)
+        summary: ModelShape,
         profile: ComputeProfile,
         platform: PlatformSpec,
         counts_LE: np.ndarray | Sequence[Sequence[int]],

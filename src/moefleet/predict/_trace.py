@@ -21,7 +21,7 @@ from moefleet.traces.schema import Trace
 class TraceArrays:
     """Row-aligned columns of a trace.
 
-    Invariants: all arrays have N rows; ``layer_idx_N`` indexes ``shape.layers``;
+    Invariants: all arrays have N rows; ``layer_idx_N`` indexes ``shape.moe_layers``;
     ``req_idx_N`` indexes ``request_ids`` (requests in order of first appearance).
     """
 
@@ -41,13 +41,13 @@ class TraceArrays:
         enc = cast(pa.DictionaryArray, rid_col.dictionary_encode())
         req_idx_N = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         layer_N = trace.column("layer").astype(np.int64)
-        lookup = np.full(max(max(shape.layers), int(layer_N.max(initial=0))) + 1, -1, np.int64)
-        lookup[list(shape.layers)] = np.arange(shape.num_layers)
+        lookup = np.full(max(max(shape.moe_layers), int(layer_N.max(initial=0))) + 1, -1, np.int64)
+        lookup[list(shape.moe_layers)] = np.arange(shape.num_moe_layers)
         layer_idx_N = lookup[layer_N]
         if (layer_idx_N < 0).any():
             bad = sorted(set(layer_N[layer_idx_N < 0].tolist()))[:5]
             raise DataError(f"trace rows name layers {bad} that are not MoE layers "
-                            f"{list(shape.layers)}", "re-record the trace with moefleet profile")
+                            f"{shape.moe_layers}", "re-record the trace with moefleet profile")
         ids_NK = trace.column("expert_ids").astype(np.int64)
         limit_N = np.asarray(shape.num_experts)[layer_idx_N]
         if ids_NK.size and ((ids_NK < 0).any() or (ids_NK >= limit_N[:, None]).any()):
@@ -83,13 +83,13 @@ class TraceArrays:
         """ids_LTK of each request (its real top-K experts per layer and position)."""
         order = np.lexsort((self.pos_N, self.layer_idx_N, self.req_idx_N))
         bounds = np.searchsorted(self.req_idx_N[order], np.arange(self.num_requests + 1))
-        L, K = self.shape.num_layers, self.ids_NK.shape[1]
+        L, K = self.shape.num_moe_layers, self.ids_NK.shape[1]
         return [self.ids_NK[order[bounds[p] : bounds[p + 1]]].reshape(L, -1, K)
                 for p in range(self.num_requests)]
 
     def request_counts(self) -> np.ndarray:
         """counts_PLE: token slots per (request, layer, expert)."""
-        L, E = self.shape.num_layers, self.shape.max_experts
+        L, E = self.shape.num_moe_layers, self.shape.max_experts
         flat = ((self.req_idx_N * L + self.layer_idx_N)[:, None] * E + self.ids_NK).reshape(-1)
         n = self.num_requests * L * E
         counts = np.bincount(flat, minlength=n)[:n].astype(np.float64)

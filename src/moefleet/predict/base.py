@@ -1,7 +1,7 @@
 """The expert-popularity predictor interface and what every implementation shares.
 
 Shape legend (suffixes on array names):
-    L MoE layers (in ``ModelShape.layers`` order), E experts per layer (padded to the
+    L MoE layers (in ``ModelShape.moe_layers`` order), E experts per layer (padded to the
     largest layer), K experts per token (top-k), T tokens of one request, N rows/tokens,
     P training prompts, D embedding size.
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
@@ -35,6 +35,7 @@ import numpy as np
 from moefleet import __version__
 from moefleet.errors import DataError, MoefleetError
 from moefleet.io import atomic_path
+from moefleet.models.shape import ModelShape
 from moefleet.traces.schema import Trace
 
 FORMAT_VERSION = 1
@@ -94,65 +95,6 @@ def add_topk_counts(
     """
     k = top_UK.shape[1]
     np.add.at(counts_LE, (np.repeat(layer_U, k), top_UK.reshape(-1)), np.repeat(mult_U, k))
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """MoE layers (block indices, ascending), experts per layer and top-k of a model."""
-
-    layers: tuple[int, ...]
-    num_experts: tuple[int, ...]
-    top_k: int
-
-    @classmethod
-    def from_trace(cls, trace: Trace) -> ModelShape:
-        layers = tuple(trace.moe_layers)
-        experts = tuple(int(e) for e in trace.meta["num_experts"])
-        if not layers or len(layers) != len(experts):
-            raise DataError(
-                f"trace metadata lists {len(layers)} MoE layers but {len(experts)} expert counts",
-                "re-record the trace with moefleet profile",
-            )
-        return cls(layers, experts, trace.top_k)
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.layers)
-
-    def differences(self, other: ModelShape) -> list[str]:
-        """Human-readable ``field: mine vs other`` for every field that differs."""
-        out = []
-        for label, a, b in (("MoE layers", list(self.layers), list(other.layers)),
-                            ("experts per layer", list(self.num_experts),
-                             list(other.num_experts)),
-                            ("top-k", self.top_k, other.top_k)):
-            if a != b:
-                out.append(f"{label} {a} vs {b}")
-        return out
-
-    @property
-    def max_experts(self) -> int:
-        return max(self.num_experts)
-
-    def mask_LE(self) -> np.ndarray:
-        """True where (layer, expert) exists; False on padding of smaller layers."""
-        return np.arange(self.max_experts)[None, :] < np.asarray(self.num_experts)[:, None]
-
-    def layer_index(self, layer: int) -> int:
-        if layer not in self.layers:
-            raise DataError(
-                f"layer {layer} is not an MoE layer of this model",
-                f"MoE layers: {list(self.layers)}",
-            )
-        return self.layers.index(layer)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"layers": list(self.layers), "num_experts": list(self.num_experts),
-                "top_k": self.top_k}
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> ModelShape:
-        return cls(tuple(obj["layers"]), tuple(obj["num_experts"]), int(obj["top_k"]))
 
 
 def check_same_model(what: str, model_a: str, shape_a: ModelShape, model_b: str,
@@ -225,7 +167,7 @@ class ExpertPredictor(ABC):
         shape = self._require_fitted()
         arrays, params = self._state()
         meta = {"kind": self.kind, "format": FORMAT_VERSION, "moefleet": __version__,
-                "model": self.model, "shape": shape.to_json(), "params": params}
+                "model": self.model, "shape": shape.to_dict(), "params": params}
         if _META in arrays:
             raise ValueError(f"{_META} is reserved")
         path = Path(path)
@@ -244,7 +186,7 @@ class ExpertPredictor(ABC):
                 f"{path} holds a {meta['kind']!r} predictor, not {cls.kind!r}",
                 "load it with moefleet.predict.load_predictor(path)",
             )
-        shape = ModelShape.from_json(meta["shape"])
+        shape = ModelShape.from_dict(meta["shape"])
         obj = cls._from_state(shape, arrays, meta["params"])
         obj.shape = shape
         obj.model = str(meta.get("model") or "")
@@ -279,7 +221,7 @@ class ExpertPredictor(ABC):
     def _zero_counts_and_tokens(self, requests: list[Request]) -> tuple[np.ndarray, np.ndarray]:
         """A zero counts_LE of the fitted shape and :func:`token_array` of ``requests``."""
         shape = self._require_fitted()
-        return np.zeros((shape.num_layers, shape.max_experts)), token_array(requests)
+        return np.zeros((shape.num_moe_layers, shape.max_experts)), token_array(requests)
 
     def _check_k(self, k: int) -> None:
         shape = self._require_fitted()

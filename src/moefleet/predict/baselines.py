@@ -64,7 +64,7 @@ class LinaPredictor(ExpertPredictor):
     def _top(self, tok_T: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(layer per context, top_UK, inverse of the flattened (L, T) queries)."""
         assert self.shape is not None and self._rows is not None
-        L, E = self.shape.num_layers, self.shape.max_experts
+        L, E = self.shape.num_moe_layers, self.shape.max_experts
         tok = np.minimum(tok_T, MAX_TOKEN + 1)
         key = (np.arange(L, dtype=np.int64)[:, None] << TOKEN_BITS | tok[None, :]).reshape(-1)
         uk, inv = np.unique(key, return_inverse=True)
@@ -82,7 +82,7 @@ class LinaPredictor(ExpertPredictor):
         assert self.shape is not None
         tok = np.asarray(token_ids, np.int64).reshape(-1)
         _, top, inv = self._top(tok, k)
-        return top[inv].reshape(self.shape.num_layers, tok.size, k)
+        return top[inv].reshape(self.shape.num_moe_layers, tok.size, k)
 
     def _predict_counts(self, requests: list[Request]) -> np.ndarray:
         assert self.shape is not None

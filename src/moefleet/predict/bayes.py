@@ -167,7 +167,7 @@ class BayesPredictor(ExpertPredictor):
         self._vocab_ids, self._vocab_freq = ta.token_frequency()
         self._has_attention = bool((ta.att_N >= 0).any())
         self._stats = None
-        L = self.shape.num_layers
+        L = self.shape.num_moe_layers
         if self.mode == "auto":
             self.layer_modes = self._choose_layer_modes(trace, ta)
         else:
@@ -177,7 +177,7 @@ class BayesPredictor(ExpertPredictor):
     def _choose_layer_modes(self, trace: Trace, ta: TraceArrays) -> tuple[LayerMode, ...]:
         """Per layer, the mode with the lower held-out Brier score (module doc)."""
         assert self.shape is not None
-        L, E, K = self.shape.num_layers, self.shape.max_experts, self.shape.top_k
+        L, E, K = self.shape.num_moe_layers, self.shape.max_experts, self.shape.top_k
         n_fit = round(ta.num_requests * (1 - self.holdout))
         token: tuple[LayerMode, ...] = tuple("token" for _ in range(L))
         if n_fit < 1 or n_fit >= ta.num_requests:
@@ -216,7 +216,7 @@ class BayesPredictor(ExpertPredictor):
             return self._stats
         ctx, expert, count = self.table.arrays()
         li, _, _, att = unpack_context(ctx)
-        K, L, E = self.shape.top_k, self.shape.num_layers, self.shape.max_experts
+        K, L, E = self.shape.top_k, self.shape.num_moe_layers, self.shape.max_experts
         marg = np.bincount(li * E + expert, weights=count, minlength=L * E)[: L * E]
         marg_LE = marg.reshape(L, E)
         tot = marg_LE.sum(axis=1, keepdims=True)
@@ -263,7 +263,7 @@ class BayesPredictor(ExpertPredictor):
         of all layers; ``inverse`` maps the flattened (L, T) queries to rows of post_UE."""
         st = self._get_stats()
         assert self.shape is not None
-        L = self.shape.num_layers
+        L = self.shape.num_moe_layers
         # Out-of-range ids map to the free top value of their field: never in the table.
         tok = np.minimum(np.asarray(tok_T, np.int64), MAX_TOKEN + 1)
         key2 = (np.arange(L, dtype=np.int64)[:, None] << TOKEN_BITS | tok[None, :]).reshape(-1)
@@ -302,7 +302,7 @@ class BayesPredictor(ExpertPredictor):
             raise DataError(f"need one position >= 0 per token; got {pos.size} positions "
                             f"for {tok.size} tokens", "pass one position per token")
         _, post, inv = self._unique_posteriors(tok, pos)
-        return post[inv].reshape(shape.num_layers, tok.size, shape.max_experts)
+        return post[inv].reshape(shape.num_moe_layers, tok.size, shape.max_experts)
 
     def _topk_unique(self, post_UE: np.ndarray, k: int) -> np.ndarray:
         # Stable sort on -post: ties go to the lower expert index (deterministic).
@@ -314,7 +314,7 @@ class BayesPredictor(ExpertPredictor):
         shape = self._require_fitted()
         tok = np.asarray(token_ids, np.int64).reshape(-1)
         _, post, inv = self._unique_posteriors(tok, np.arange(tok.size))
-        return self._topk_unique(post, k)[inv].reshape(shape.num_layers, tok.size, k)
+        return self._topk_unique(post, k)[inv].reshape(shape.num_moe_layers, tok.size, k)
 
     def _predict_counts(self, requests: list[Request]) -> np.ndarray:
         assert self.shape is not None

@@ -138,8 +138,8 @@ class SPSPredictor(ExpertPredictor):
         already (benchmarks, prompts whose routing was recorded elsewhere)."""
         U_PD, A_PLE = np.asarray(U_PD), np.asarray(A_PLE, np.float64)
         if U_PD.ndim != 2 or U_PD.shape[0] == 0 or A_PLE.shape != (
-                U_PD.shape[0], shape.num_layers, shape.max_experts):
-            raise DataError(f"need U_PD (P, D) and A_PLE (P, {shape.num_layers}, "
+                U_PD.shape[0], shape.num_moe_layers, shape.max_experts):
+            raise DataError(f"need U_PD (P, D) and A_PLE (P, {shape.num_moe_layers}, "
                             f"{shape.max_experts}) with P >= 1; got {U_PD.shape} and "
                             f"{A_PLE.shape}", "pass one row per profiled prompt")
         self.shape, self.model = shape, model

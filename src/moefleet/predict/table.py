@@ -97,8 +97,8 @@ class CountTable:
 
     def __init__(self, shape: ModelShape, ctx: np.ndarray | None = None,
                  expert: np.ndarray | None = None, count: np.ndarray | None = None) -> None:
-        if shape.num_layers > MAX_LAYERS:
-            raise DataError(f"model has {shape.num_layers} MoE layers; the table holds at "
+        if shape.num_moe_layers > MAX_LAYERS:
+            raise DataError(f"model has {shape.num_moe_layers} MoE layers; the table holds at "
                             f"most {MAX_LAYERS}", "predict a subset of layers")
         self.shape = shape
         self._ctx = np.zeros(0, np.int64) if ctx is None else np.asarray(ctx, np.int64)
@@ -203,7 +203,7 @@ class CountTable:
         expert) order."""
         ctx, expert, count = self.arrays()
         li, tok, pos, att = unpack_context(ctx)
-        layers = np.asarray(self.shape.layers)[li]
+        layers = np.asarray(self.shape.moe_layers)[li]
         for row in zip(layers.tolist(), tok.tolist(), pos.tolist(), att.tolist(),
                        expert.tolist(), count.tolist(), strict=True):
             yield TableKey(*row[:5]), row[5]

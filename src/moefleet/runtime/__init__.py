@@ -6,7 +6,9 @@
 - :mod:`~moefleet.runtime.handlers`: segment, expert and diagnostic handlers;
 - :mod:`~moefleet.runtime.executor`: scatter-gather execution (pipelined | storage | direct);
 - :mod:`~moefleet.runtime.deploy`: plan → functions (+ weights in the object store);
-- :mod:`~moefleet.runtime.runner`: measured runs priced by the platform's ``Meter``.
+- :mod:`~moefleet.runtime.runner`: measured runs priced by the platform's ``Meter``;
+- :mod:`~moefleet.runtime.session`: deploy -> run -> teardown as one call
+  (``open_deployment``, ``run_plan``), shared by ``moefleet run``, the demo and the server.
 
 Heavy modules (torch, transformers, multiprocessing pools) load only when used.
 """

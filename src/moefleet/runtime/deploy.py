@@ -2,8 +2,8 @@
 
 ``deploy_plan`` checks the plan against the model and the platform, uploads the model's
 weights to the object store (:func:`weights.upload_model`), builds one
-:class:`FunctionSpec` per plan function — ``seg-<block>`` with the block's memory,
-``exp-<layer>-<i>`` with the expert's memory and replicas — and deploys them when given a
+:class:`FunctionSpec` per function of the plan's placement (names, memory, replicas:
+:mod:`moefleet.plan.placement`) and deploys them when given a
 backend. The returned :class:`Deployment` is what the executor runs against and what
 ``moefleet deploy`` writes to disk; :func:`install` re-creates its functions on a fresh
 backend (the weights are already in the store).
@@ -12,6 +12,7 @@ backend (the weights are already in the store).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -21,9 +22,10 @@ from typing import Any
 from moefleet.errors import DataError
 from moefleet.io import write_json_atomic
 from moefleet.models.base import MoEModelAdapter
-from moefleet.plan import DeploymentPlan, PlanError, expert_function, segment_function
+from moefleet.models.shape import ModelShape
+from moefleet.plan import DeploymentPlan, Placement, PlanError
 from moefleet.platform import ObjectStore, PlatformSpec
-from moefleet.runtime.base import FunctionBackend, FunctionSpec, HandlerRef
+from moefleet.runtime.base import FunctionBackend, FunctionKind, FunctionSpec, HandlerRef
 from moefleet.runtime.weights import ModelLayout, upload_model
 
 DEPLOYMENT_FORMAT = 1
@@ -34,7 +36,7 @@ DEFAULT_TIMEOUT_S = 300.0
 @dataclass
 class Deployment:
     """A model laid out as functions: where its weights are, which functions exist, and the
-    model structure the executor needs (no weights on the caller's side)."""
+    model's shape the executor needs (no weights on the caller's side)."""
 
     model: str
     platform: str
@@ -43,7 +45,7 @@ class Deployment:
     prefix: str
     plan: DeploymentPlan
     layout: ModelLayout
-    structure: dict[str, Any]
+    shape: ModelShape
     functions: list[FunctionSpec]
     namespace: str = ""  # prefix of every function name (several deployments, one backend)
     created: str = field(
@@ -53,24 +55,37 @@ class Deployment:
         """The backend's name for plan function ``plan_name`` (e.g. ``seg-0``)."""
         return self.namespace + plan_name
 
+    @functools.cached_property
+    def placement(self) -> Placement:
+        """The plan's functions (derived once; the plan does not change)."""
+        return self.plan.placement()
+
+    def segment_function(self, block: int) -> str:
+        """Backend name of block ``block``'s segment function."""
+        return self.function(self.placement.segment(block).name)
+
+    def expert_function(self, layer: int, expert: int) -> str:
+        """Backend name of the function holding expert ``expert`` of MoE layer ``layer``."""
+        return self.function(self.placement.holder(layer, expert).name)
+
     @property
     def num_layers(self) -> int:
-        return int(self.structure["num_layers"])
+        return self.shape.num_layers
 
     @property
     def moe_layers(self) -> list[int]:
-        return [int(x) for x in self.structure["moe_layers"]]
+        return list(self.shape.moe_layers)
 
     @property
     def top_k(self) -> int:
-        return int(self.structure["top_k"])
+        return self.shape.top_k
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": DEPLOYMENT_FORMAT, "model": self.model, "platform": self.platform,
             "backend": self.backend, "store": self.store, "prefix": self.prefix,
             "plan": self.plan.model_dump(mode="json"), "layout": self.layout.to_dict(),
-            "structure": self.structure, "functions": [f.to_dict() for f in self.functions],
+            "shape": self.shape.to_dict(), "functions": [f.to_dict() for f in self.functions],
             "namespace": self.namespace, "created": self.created,
         }
 
@@ -88,7 +103,9 @@ class Deployment:
                 model=d["model"], platform=d["platform"], backend=d["backend"],
                 store=d["store"], prefix=d["prefix"],
                 plan=DeploymentPlan.model_validate(d["plan"]),
-                layout=ModelLayout.from_dict(d["layout"]), structure=dict(d["structure"]),
+                layout=ModelLayout.from_dict(d["layout"]),
+                # files written before ModelShape stored the same facts as "structure"
+                shape=ModelShape.from_dict(d["shape"] if "shape" in d else d["structure"]),
                 functions=[FunctionSpec.from_dict(f) for f in d["functions"]],
                 namespace=d.get("namespace", ""), created=d.get("created", ""),
             )
@@ -109,15 +126,6 @@ class Deployment:
         return cls.from_dict(data, str(p))
 
 
-def model_structure(adapter: MoEModelAdapter) -> dict[str, Any]:
-    return {
-        "name": adapter.name, "family": adapter.family, "num_layers": adapter.num_layers,
-        "moe_layers": list(adapter.moe_layers),
-        "num_experts": [adapter.num_experts(layer) for layer in adapter.moe_layers],
-        "top_k": adapter.top_k, "hidden_size": adapter.hidden_size,
-    }
-
-
 def check_plan(plan: DeploymentPlan, adapter: MoEModelAdapter, platform: PlatformSpec) -> None:
     """The plan fits the model (blocks, MoE layers, experts) and the platform."""
     if plan.platform != platform.name:
@@ -135,29 +143,32 @@ def function_specs(
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S, timeout_s: float | None = None,
     namespace: str = "",
 ) -> list[FunctionSpec]:
-    """One spec per plan function (segments first, then experts by layer); names are the
-    plan's (``seg-<block>``, ``exp-<layer>-<i>``) behind ``namespace``."""
+    """One spec per function of ``plan.placement()`` (segments first, then experts by
+    layer), named as the placement names them, behind ``namespace``."""
     limit = platform.limits.timeout_s if platform.limits else None
     timeout = timeout_s or min(DEFAULT_TIMEOUT_S, limit or DEFAULT_TIMEOUT_S)
     common: dict[str, Any] = {"keep_alive_s": keep_alive_s, "timeout_s": timeout}
-    specs = [
-        FunctionSpec(
-            namespace + segment_function(block), "segment",
-            HandlerRef("moefleet.runtime.handlers:segment_handler",
-                       {"block": block, "skeleton": layout.skeleton,
-                        "weights": layout.segments[block]}),
-            memory_mb=mem, layer=block, **common)
-        for block, mem in enumerate(plan.segment_memory_mb)
-    ]
-    for lp in plan.layers:
-        for i, ec in enumerate(lp.experts):
-            specs.append(FunctionSpec(
-                namespace + expert_function(lp.layer, i), "expert",
-                HandlerRef("moefleet.runtime.handlers:expert_handler",
-                           {"layer": lp.layer, "skeleton": layout.skeleton,
-                            "weights": {str(i): layout.expert_key(lp.layer, i)}}),
-                memory_mb=ec.memory_mb, replicas=ec.replicas, layer=lp.layer, experts=(i,),
-                **common))
+    specs = []
+    for fn in plan.placement().functions:
+        kind: FunctionKind
+        if fn.role == "segment" and fn.layer is not None:
+            kind, handler = "segment", HandlerRef(
+                "moefleet.runtime.handlers:segment_handler",
+                {"block": fn.layer, "skeleton": layout.skeleton,
+                 "weights": layout.segments[fn.layer]})
+        elif fn.role == "expert" and fn.layer is not None:
+            layer = fn.layer
+            kind, handler = "expert", HandlerRef(
+                "moefleet.runtime.handlers:expert_handler",
+                {"layer": layer, "skeleton": layout.skeleton,
+                 "weights": {str(i): layout.expert_key(layer, i) for i in fn.experts}})
+        else:
+            raise PlanError(f"function {fn.name!r}: role {fn.role!r} has no handler yet",
+                            "deploy plans without a main function")
+        specs.append(FunctionSpec(namespace + fn.name, kind, handler,
+                                  memory_mb=fn.memory_mb, replicas=fn.replicas,
+                                  concurrency=fn.concurrency, layer=fn.layer,
+                                  experts=fn.experts, **common))
     return specs
 
 
@@ -178,7 +189,7 @@ def deploy_plan(
     deployment = Deployment(
         model=model_ref or plan.model, platform=platform.name,
         backend=backend.name if backend is not None else backend_name, store=store.url,
-        prefix=prefix, plan=plan, layout=layout, structure=model_structure(adapter),
+        prefix=prefix, plan=plan, layout=layout, shape=adapter.summary(),
         functions=specs, namespace=namespace)
     if backend is not None:
         install(deployment, backend)

@@ -37,7 +37,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from moefleet.plan import expert_function, segment_function
 from moefleet.platform import InvocationRecord, ObjectStore, PlatformSpec
 from moefleet.runtime import scatter
 from moefleet.runtime.base import FunctionBackend, InvokeResult
@@ -118,7 +117,9 @@ class Executor:
         self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="moefleet-exec")
         # The gate call of a pipelined layer runs here while its experts start.
         self._side = ThreadPoolExecutor(1, thread_name_prefix="moefleet-gate")
-        self._replicas = {lp.layer: [ec.replicas for ec in lp.experts]
+        # replicas per expert id, from the placement (one function per expert today)
+        self._replicas = {lp.layer: [deployment.placement.holder(lp.layer, i).replicas
+                                     for i in range(len(lp.experts))]
                           for lp in deployment.plan.layers}
 
     def close(self) -> None:
@@ -181,7 +182,7 @@ class Executor:
         moe = set(self.dep.moe_layers)
         T = ids_BT.shape[1]
         for block in range(self.dep.num_layers):
-            seg = self.dep.function(segment_function(block))
+            seg = self.dep.segment_function(block)
             meta: dict[str, Any] = {"op": "pre", "ctx": ctx_skel,
                                     "spill_prefix": f"{prefix}/spill-{block}-pre"}
             lp = self.dep.plan.layer(block) if block in moe else None
@@ -259,7 +260,7 @@ class Executor:
         jobs = []
         for share in shares:
             x_nD, w_n = scatter.share_inputs(share, x_ND, w_NK)
-            fn = self.dep.function(expert_function(layer, share.expert))
+            fn = self.dep.expert_function(layer, share.expert)
             jobs.append((fn, {"x": x_nD, "w": w_n}, {"mode": "direct", "expert": share.expert},
                          _token_share(share, rids, T)))
 
@@ -292,7 +293,7 @@ class Executor:
 
         def one(job: tuple[scatter.Share, dict[str, Any], dict[str, float]]) -> None:
             share, meta, shares_by_request = job
-            fn = self.dep.function(expert_function(layer, share.expert))
+            fn = self.dep.expert_function(layer, share.expert)
             packet, _ = self._invoke(fn, {}, {}, meta, prefix, shares_by_request, att)
             if packet.meta.get("tokens") != share.size:
                 raise GatherError(f"layer {layer}: replica {share.label} processed "

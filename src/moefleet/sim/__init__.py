@@ -18,12 +18,13 @@ except ImportError as _err:  # pragma: no cover - depends on the environment
 
     raise MissingExtraError("simpy", "sim") from _err
 
+from moefleet.models.shape import ModelShape
 from moefleet.sim.calibrate import Calibration, MeasuredRun, apply_calibration, calibrate
-from moefleet.sim.config import ModelShape, SimConfig, SimError
-from moefleet.sim.engine import Simulator
+from moefleet.sim.config import SimConfig, SimError
 from moefleet.sim.metrics import StreamStats
 from moefleet.sim.result import SimResult
 from moefleet.sim.routing import DistributionRouter, Router, TraceRowRouter, router_from_trace
+from moefleet.sim.simulator import Simulator
 from moefleet.sim.synthetic import synthetic_profile
 
 __all__ = [

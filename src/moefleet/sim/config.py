@@ -1,4 +1,4 @@
-"""Simulator settings and the model shape it runs.
+"""Simulator settings (the model shape it runs is :class:`moefleet.models.ModelShape`).
 
 Units: seconds, tokens, MB. Every field is validated on construction; a bad value is a
 :class:`SimError` naming it (the CLI prints it without a traceback).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from moefleet.errors import MoefleetError
@@ -120,34 +120,3 @@ class SimConfig:
             raise SimError(f"node_slots must be >= 1 (or None), got {self.node_slots!r}")
         if self.output_tokens < 0:
             raise SimError(f"output_tokens must be >= 0, got {self.output_tokens!r}")
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The pipeline the simulator runs: ``num_blocks`` segment functions, experts on
-    ``moe_layers`` (block indices) with ``num_experts`` each, ``top_k`` per token.
-    ``decoder`` models generate (prefill + decode); encoders run one pass."""
-
-    name: str
-    num_blocks: int
-    moe_layers: list[int]
-    num_experts: list[int]
-    top_k: int
-    decoder: bool = True
-    meta: dict[str, object] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.num_blocks < 1:
-            raise SimError(f"model {self.name!r} needs at least one block")
-        if len(self.moe_layers) != len(self.num_experts):
-            raise SimError(f"model {self.name!r}: moe_layers and num_experts differ in length")
-        if sorted(set(self.moe_layers)) != list(self.moe_layers) or any(
-            not 0 <= b < self.num_blocks for b in self.moe_layers
-        ):
-            raise SimError(f"model {self.name!r}: moe_layers {self.moe_layers} must be "
-                           f"increasing block indices below {self.num_blocks}")
-        if any(e < 1 for e in self.num_experts) or not 1 <= self.top_k <= min(
-            self.num_experts, default=self.top_k
-        ):
-            raise SimError(f"model {self.name!r}: top_k={self.top_k} must be in 1..experts "
-                           f"({self.num_experts})")

@@ -22,11 +22,12 @@ import numpy as np
 import simpy
 
 from moefleet.autoscale.base import FunctionConfig
-from moefleet.plan.plan import DeploymentPlan, LayerPlan, expert_function, segment_function
+from moefleet.models.shape import ModelShape
+from moefleet.plan.plan import DeploymentPlan, LayerPlan
 from moefleet.platform.billing import Meter
 from moefleet.platform.specs import PlatformSpec
 from moefleet.profiles.model import ComputeProfile
-from moefleet.sim.config import ModelShape, SimConfig
+from moefleet.sim.config import SimConfig
 from moefleet.sim.entities import Barrier, Call, Node
 from moefleet.sim.functions import FunctionPool
 from moefleet.sim.routing import Router
@@ -60,23 +61,25 @@ class Pipeline:
         self.node = Node(sim.node_slots) if sim.node_slots else None
         common: dict[str, Any] = {"spec": spec, "sim": sim, "links": self.links, "meter": meter,
                                   "node": self.node}
+        placement = plan.placement()
         self.segments = [
-            FunctionPool(env, segment_function(b), "segment", b, None,
-                         FunctionConfig(mem, 1, sim.concurrency),
+            FunctionPool(env, fn.name, "segment", b, None,
+                         FunctionConfig(fn.memory_mb, 1, sim.concurrency),
                          profile=profile.segments[b], **common)
-            for b, mem in enumerate(plan.segment_memory_mb)]
+            for b, fn in enumerate(placement.segments)]
         self.experts: list[list[FunctionPool]] = []
-        self.layer_plans: list[LayerPlan | None] = [None] * shape.num_blocks
-        self.layer_index: list[int] = [-1] * shape.num_blocks
+        self.layer_plans: list[LayerPlan | None] = [None] * shape.num_layers
+        self.layer_index: list[int] = [-1] * shape.num_layers
         for li, lp in enumerate(plan.layers):
             self.layer_plans[lp.layer] = lp
             self.layer_index[lp.layer] = li
+            # one function per expert today: a pool's expert is its function's only one
             self.experts.append([
-                FunctionPool(env, expert_function(lp.layer, i), "expert", lp.layer, i,
-                             FunctionConfig(ec.memory_mb, ec.replicas, sim.concurrency),
+                FunctionPool(env, fn.name, "expert", lp.layer, fn.experts[0],
+                             FunctionConfig(fn.memory_mb, fn.replicas, sim.concurrency),
                              profile=profile.expert(lp.layer), method=lp.method, beta=lp.beta,
                              **common)
-                for i, ec in enumerate(lp.experts)])
+                for fn in placement.expert_functions(lp.layer)])
         self.pools: dict[str, FunctionPool] = {p.name: p for p in self.all_pools()}
         n_layers = len(plan.layers)
         self.i_layer_tokens = [0] * n_layers

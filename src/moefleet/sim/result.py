@@ -18,7 +18,7 @@ from moefleet.io import write_json_atomic
 from moefleet.platform.billing import Bill, CostParts
 
 if TYPE_CHECKING:
-    from moefleet.sim.engine import Simulator
+    from moefleet.sim.simulator import Simulator
 
 CLIENT = "<executor>"  # the coordinator's own store requests, as the runtime bills them
 

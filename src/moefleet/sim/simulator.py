@@ -28,13 +28,14 @@ from moefleet.autoscale.base import (
     MetricsSnapshot,
     PolicyState,
 )
-from moefleet.errors import MoefleetError
+from moefleet.errors import DataError, MoefleetError
+from moefleet.models.shape import ModelShape
 from moefleet.plan.plan import DeploymentPlan, PlanError
 from moefleet.platform.billing import Meter
 from moefleet.platform.catalog import load_platform
 from moefleet.platform.specs import PlatformSpec
 from moefleet.profiles.model import ComputeProfile
-from moefleet.sim.config import ModelShape, SimConfig, SimError
+from moefleet.sim.config import SimConfig, SimError
 from moefleet.sim.metrics import IntervalStats, RequestStats, percentile
 from moefleet.sim.pipeline import Pipeline
 from moefleet.sim.result import SimResult, build_result
@@ -89,8 +90,13 @@ class Simulator:
         # The plan must fit the model (profile blocks and layers, router experts) first.
         plan.check_model(list(profile.moe_layers), num_experts, len(profile.segments))
         self.router = router or DistributionRouter.uniform(num_experts, top_k)
-        self.shape = ModelShape(profile.model, len(profile.segments), list(profile.moe_layers),
-                                list(self.router.num_experts), self.router.top_k, decoder)
+        try:
+            self.shape = ModelShape(name=profile.model, num_layers=len(profile.segments),
+                                    moe_layers=list(profile.moe_layers),
+                                    num_experts=list(self.router.num_experts),
+                                    top_k=self.router.top_k, causal=decoder)
+        except DataError as err:  # a simulator input error, whatever class found it
+            raise SimError(err.message, err.hint) from err
         _check_inputs(plan, profile, self.spec, self.shape, self.config)
         self._used = False
 
