@@ -5,7 +5,8 @@ Setup: a one-block Mixtral-style layer (hidden 256, 8 experts of FFN 1024, top-2
 model of runtime_overhead.py's beta sweep), every expert at ``--memory`` MB with one
 replica, the object store with the platform's S3 latency and bandwidth emulated (both on
 the workers' side and the executor's), the local backend's memory and vCPU limits on
-(emulated). Per method and batch size: one cold batch, then ``--reps`` warm batches;
+(emulated), 10 worker processes so that the gate and all 8 experts run at once (the
+layer is I/O-bound on the emulated store; compute is small next to it). Per method and batch size: one cold batch, then ``--reps`` warm batches;
 median MoE-layer latency (scatter + experts + gather) and the mean bill of a warm batch
 (expert invocations + every store request the segment functions and the executor made,
 priced by the platform's Meter). Pipelined uses β = ceil(tokens per replica / 4).
@@ -63,7 +64,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         base = LocalObjectStore(tmp)
-        backend = LocalBackend(spec, store=base, store_latency=latency, limits=True)
+        backend = LocalBackend(spec, store=base, store_latency=latency, limits=True,
+                               workers=args.workers)
         try:
             for tokens in args.tokens:
                 ids = torch.randint(0, 512, (max(1, tokens // 64), min(tokens, 64)),
@@ -106,6 +108,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             backend.teardown()
     return {"platform": spec.name, "memory_mb": args.memory, "store_latency": latency,
+            "workers": args.workers,
             "reps": args.reps, "rows": rows, "cpu_stretch_s": stretch, "limits": limits}
 
 
@@ -135,6 +138,9 @@ def main() -> None:
     ap.add_argument("--platform", default="aws-lambda-2020")
     ap.add_argument("--memory", type=int, default=1536)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=10,
+                    help="worker processes: the gate and all 8 experts at once, as on a "
+                         "platform where every function has its own instance")
     args = ap.parse_args()
     args.tokens = [64, 512] if args.quick else [64, 256, 1024, 4096]
     if args.quick:
