@@ -20,6 +20,7 @@ Invariants: both are > 0 when measured; an old profile without them reports 0 an
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -63,9 +64,15 @@ def measure_runtime_footprint(backend: str, *, timeout_s: float = 300.0) -> int:
                             "check that torch imports in a fresh interpreter") from None
 
 
+@functools.cache
+def _footprints() -> tuple[tuple[str, int], ...]:
+    return tuple((b, measure_runtime_footprint(b)) for b in BACKEND_IMPORTS)
+
+
 def measure_runtime_footprints() -> dict[str, int]:
-    """:func:`measure_runtime_footprint` for every backend with a probe."""
-    return {b: measure_runtime_footprint(b) for b in BACKEND_IMPORTS}
+    """:func:`measure_runtime_footprint` for every backend with a probe; measured once per
+    process (a property of this interpreter and machine, not of a model)."""
+    return dict(_footprints())
 
 
 def _importable(module: str) -> bool:
