@@ -96,7 +96,9 @@ def test_layerwise_forward_equals_own_forward(top_k: int) -> None:
     ids_BT, mask_BT = _batch()
     ref = adapter.reference_forward(ids_BT, mask_BT)
     assert ref.shape == (3, 9, 16)
-    torch.testing.assert_close(adapter.forward_layerwise(ids_BT, mask_BT), ref, atol=1e-5, rtol=0)
+    valid = mask_BT.bool()  # padded positions never reach the experts, so compare real tokens
+    torch.testing.assert_close(adapter.forward_layerwise(ids_BT, mask_BT)[valid], ref[valid],
+                               atol=1e-5, rtol=0)
     torch.testing.assert_close(adapter.forward_layerwise(ids_BT), adapter.reference_forward(ids_BT),
                                atol=1e-5, rtol=0)
 
@@ -107,7 +109,8 @@ def test_layerwise_forward_equals_own_forward_on_converted(quick: BertMoEModel,
     enc = tokenize(dense[1], ["A short sentence .", "A longer sentence about a castle ."], 16)
     ref = adapter.reference_forward(enc["input_ids"], enc["attention_mask"])
     out = adapter.forward_layerwise(enc["input_ids"], enc["attention_mask"])
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+    valid = enc["attention_mask"].bool()
+    torch.testing.assert_close(out[valid], ref[valid], atol=1e-5, rtol=0)
 
 
 def test_standalone_expert_matches_slice_and_owns_weights() -> None:

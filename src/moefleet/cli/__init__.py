@@ -10,6 +10,7 @@ import os
 import typer
 
 from moefleet.cli import demo as _demo
+from moefleet.cli import generate as _generate
 from moefleet.cli import models as _models
 from moefleet.cli import plan as _plan
 from moefleet.cli import plan_bo as _plan_bo
@@ -42,6 +43,7 @@ app.command("demo")(_demo.demo_cmd)
 app.command("deploy")(_runtime.deploy_cmd)
 app.command("run")(_runtime.run_cmd)
 app.command("simulate")(_simulate.simulate_cmd)
+app.command("generate")(_generate.generate_cmd)
 
 
 def main() -> None:

@@ -36,7 +36,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from moefleet.models.kv import KVCache, KVCacheError, KVLayout, LayoutProbe, StepCacheView
 from moefleet.models.shape import ModelShape
+from moefleet.models.step import StepInput, StepOutput
 
 # expert_fn(layer, x_ND, ids_NK, weights_NK) -> y_ND: the weighted sum of the chosen
 # experts' outputs for every token (no residual, no shared expert).
@@ -152,6 +154,12 @@ class MoEModelAdapter(ABC):
         _, weights_NK, ids_NK = self.router_module(layer)(x_ND)
         return ids_NK, weights_NK
 
+    def stacked_experts(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
+        """A gated-FFN layer's weights stacked over experts: ``(gate_up_E2FD, down_EDF,
+        act)``, views of the model's own tensors; None where the family has no such
+        layout (then only the per-expert loop runs it)."""
+        return None
+
     def experts_stacked(self, layer: int) -> list[nn.Module]:
         return [self.expert(layer, i) for i in range(self.num_experts(layer))]
 
@@ -181,19 +189,102 @@ class MoEModelAdapter(ABC):
         attention_mask_BT: torch.Tensor | None = None,
         expert_fn: ExpertFn | None = None,
     ) -> torch.Tensor:
-        """Run block by block; routed experts go through ``expert_fn``."""
+        """A prefill without cache: what ``finish`` returns at every position.
+
+        Padded positions (mask 0) never reach ``expert_fn``; their outputs are whatever
+        the non-expert modules make of them (callers ignore them).
+        """
+        B, T = input_ids_BT.shape
+        valid_BT = (torch.ones(B, T, dtype=torch.bool, device=input_ids_BT.device)
+                    if attention_mask_BT is None else attention_mask_BT.bool())
+        pos_BT = torch.arange(T, device=input_ids_BT.device).expand(B, T)
+        step = StepInput(list(range(B)), input_ids_BT, pos_BT, valid_BT, logits="all")
+        h_BTD, ctx = self.begin(input_ids_BT, attention_mask_BT)
+        return self._layers(step, h_BTD, ctx, expert_fn, {})
+
+    @torch.no_grad()
+    def forward_step(self, step: StepInput, cache: KVCache | None = None,
+                     experts: ExpertFn | None = None) -> StepOutput:
+        """The layer loop: run ``step`` against ``cache`` (None: a prefill that keeps no
+        state), routed experts through ``experts`` (default: in process).
+
+        Invariant (contract-tested for every decoder family): a prefill step followed by
+        cached decode steps gives the logits of the model's own forward on the whole
+        sequences. Only real tokens reach ``experts``.
+        """
+        view = None
+        if cache is not None:
+            if not self.causal:
+                raise KVCacheError(
+                    f"{self.name} ({self.family}) is an encoder: it attends both ways, so "
+                    "nothing can be cached between steps", "run it with cache=None")
+            view = cache.view(step.seq_ids, step.lengths)
+            view.set_valid(step.valid_BT)
+        h_BTD, ctx = self.begin_step(step, view)
+        counts: dict[int, torch.Tensor] = {}
+        out = self._layers(step, h_BTD, ctx, experts, counts)
+        if view is not None:
+            view.commit()
+        lengths = step.lengths
+        if step.logits == "all":
+            rows = step.all_rows
+            all_logits = [out[b, :n] if rows is None or b in rows else None
+                          for b, n in enumerate(lengths)]
+            last = torch.stack([out[b, n - 1] for b, n in enumerate(lengths)])
+        else:
+            all_logits = [None] * len(lengths)
+            last = out[:, 0]
+        return StepOutput(last, all_logits, counts)
+
+    def begin_step(self, step: StepInput, view: StepCacheView | None
+                   ) -> tuple[torch.Tensor, ForwardContext]:
+        """Embed a step. Adapters with a cache override this; the default is the cacheless
+        prefill (the step's valid mask is the attention mask)."""
+        return self.begin(step.input_ids_BT, step.valid_BT.long())
+
+    def _layers(self, step: StepInput, h_BTD: torch.Tensor, ctx: ForwardContext,
+                expert_fn: ExpertFn | None, counts: dict[int, torch.Tensor]) -> torch.Tensor:
         fn = expert_fn or self.local_expert_fn()
         moe = set(self.moe_layers)
-        h_BTD, ctx = self.begin(input_ids_BT, attention_mask_BT)
+        valid_N = step.valid_BT.reshape(-1)
+        all_valid = bool(valid_N.all())
         for layer in range(self.num_layers):
             residual_BTD, x_BTD = self.pre_moe(layer, h_BTD, ctx)
             routed_BTD = None
             if layer in moe:
                 x_ND = x_BTD.reshape(-1, x_BTD.shape[-1])
-                ids_NK, w_NK = self.route(layer, x_ND)
-                routed_BTD = fn(layer, x_ND, ids_NK, w_NK).reshape(x_BTD.shape)
+                xv_ND = x_ND if all_valid else x_ND[valid_N]  # padding never reaches experts
+                ids_NK, w_NK = self.route(layer, xv_ND)
+                counts[layer] = torch.bincount(ids_NK.reshape(-1),
+                                               minlength=self.num_experts(layer)).cpu()
+                yv_ND = fn(layer, xv_ND, ids_NK, w_NK)
+                if all_valid:
+                    routed_BTD = yv_ND.reshape(x_BTD.shape)
+                else:
+                    y_ND = torch.zeros_like(x_ND)
+                    y_ND[valid_N] = yv_ND.to(y_ND.dtype)
+                    routed_BTD = y_ND.reshape(x_BTD.shape)
             h_BTD = self.post_moe(layer, residual_BTD, x_BTD, routed_BTD)
+        if step.logits == "last":
+            # the head only where sampling needs it: each row's last real token
+            last_B = step.valid_BT.sum(dim=1) - 1
+            h_BTD = h_BTD[torch.arange(h_BTD.shape[0], device=h_BTD.device), last_B][:, None]
         return self.finish(h_BTD, ctx)
+
+    def kv_layout(self) -> KVLayout:
+        """What one token caches per layer, learnt from a one-token probe forward."""
+        if not self.causal:
+            raise KVCacheError(f"{self.name} ({self.family}) is an encoder and keeps no "
+                               "KV cache", "generate with a decoder model")
+        probe = LayoutProbe()
+        step = StepInput.from_lists([0], [[0]], [0], device=self.device)
+        h_BTD, ctx = self.begin_step(step, probe)  # type: ignore[arg-type]
+        self._layers(step, h_BTD, ctx, None, {})
+        return probe.layout(self.num_layers)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     @contextlib.contextmanager
     def eager_attention(self) -> Iterator[None]:

@@ -23,6 +23,8 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 
 from moefleet.models.base import ForwardContext, MoEModelAdapter
 from moefleet.models.experts import GatedExpert
+from moefleet.models.kv import StepCacheView
+from moefleet.models.step import StepInput
 
 # architecture class name -> family name
 HF_FAMILIES: dict[str, str] = {
@@ -110,6 +112,10 @@ class HFMoEAdapter(MoEModelAdapter):
     def expert_view(self, layer: int, index: int) -> nn.Module:
         return GatedExpert.from_stacked(self._experts(layer), index, copy=False)
 
+    def stacked_experts(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
+        experts = self._experts(layer)
+        return experts.gate_up_proj.detach(), experts.down_proj.detach(), experts.act_fn
+
     def segment(self, layer: int) -> nn.Module:
         return HFSegment(self, layer)
 
@@ -150,6 +156,47 @@ class HFMoEAdapter(MoEModelAdapter):
         ctx.extras["rope"] = self.backbone.rotary_emb(h_BTD, pos_BT)
         return h_BTD, ctx
 
+    def begin_step(self, step: StepInput, view: Any) -> tuple[torch.Tensor, ForwardContext]:
+        if not isinstance(view, StepCacheView):
+            h_BTD, ctx = self.begin(step.input_ids_BT, step.valid_BT.long())
+            ctx.extras["cache"] = view  # None, or the layout probe
+            return h_BTD, ctx
+        h_BTD = self.backbone.embed_tokens(step.input_ids_BT)
+        pos_BT = step.position_ids_BT
+        ctx = ForwardContext(step.input_ids_BT, step.valid_BT.long(), pos_BT)
+        ctx.extras["rope"] = self.backbone.rotary_emb(h_BTD, pos_BT)
+        ctx.extras["cache"] = view
+        ctx.extras["masks"] = self._cached_masks(view, pos_BT, h_BTD.dtype)
+        return h_BTD, ctx
+
+    def _cached_masks(self, view: StepCacheView, pos_BT: torch.Tensor,
+                      dtype: torch.dtype) -> list[torch.Tensor]:
+        """Additive masks [B, 1, T, S]: query (b, t) sees key j of its own row iff j is a
+        real token (cached or new) at or before the query's position (and within the
+        sliding window where the layer has one)."""
+        dev = pos_BT.device
+        j_S = torch.arange(view.key_len, device=dev)
+        total_B = torch.tensor([p + n for p, n in zip(view.past_lens, view.new_lens,
+                                                      strict=True)], device=dev)
+        seen_BTS = ((j_S[None, None] <= pos_BT[:, :, None])
+                    & (j_S[None, None] < total_B[:, None, None]))
+        neg = torch.finfo(dtype).min
+
+        def additive(ok_BTS: torch.Tensor) -> torch.Tensor:
+            zero = torch.zeros((), dtype=dtype, device=dev)
+            return torch.where(ok_BTS, zero, torch.full((), neg, dtype=dtype, device=dev))[:, None]
+
+        window = getattr(self.config, "sliding_window", None)
+        layer_types = getattr(self.config, "layer_types", None) or (
+            ["sliding_attention" if window is not None else "full_attention"] * self.num_layers)
+        by_type: dict[str, torch.Tensor] = {}
+        for t in set(layer_types):
+            ok = seen_BTS
+            if t == "sliding_attention" and window is not None:
+                ok = ok & (pos_BT[:, :, None] - j_S[None, None] < int(window))
+            by_type[t] = additive(ok)
+        return [by_type[layer_types[i]] for i in range(self.num_layers)]
+
     def pre_moe(
         self, layer: int, h_BTD: torch.Tensor, ctx: ForwardContext
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,7 +206,7 @@ class HFMoEAdapter(MoEModelAdapter):
             position_embeddings=ctx.extras["rope"],
             attention_mask=ctx.extras["masks"][layer],
             position_ids=ctx.position_ids_BT,
-            past_key_values=None,
+            past_key_values=ctx.extras.get("cache"),
         )
         residual_BTD = h_BTD + attn_BTD
         return residual_BTD, block.post_attention_layernorm(residual_BTD)

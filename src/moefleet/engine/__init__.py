@@ -1,0 +1,26 @@
+"""Request-level generation shared by every system: scheduler -> runner -> sampler.
+
+    Engine.step() = Scheduler.schedule() -> ModelRunner.execute() -> Sampler + update
+"""
+
+from moefleet.engine.engine import Engine, EngineStats, StepStats, merge_into
+from moefleet.engine.request import (
+    EngineError,
+    RequestOutput,
+    RequestTimes,
+    SamplingParams,
+    TokenLogprob,
+)
+from moefleet.engine.runner import LocalRunner, ModelRunner, RunnerOutput
+from moefleet.engine.scheduler import (
+    ScheduledSeq,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+)
+
+__all__ = [
+    "Engine", "EngineError", "EngineStats", "LocalRunner", "ModelRunner", "RequestOutput",
+    "RequestTimes", "RunnerOutput", "SamplingParams", "ScheduledSeq", "Scheduler",
+    "SchedulerConfig", "SchedulerOutput", "StepStats", "TokenLogprob", "merge_into",
+]

@@ -1,0 +1,96 @@
+"""Model runners: execute one :class:`SchedulerOutput`.
+
+A runner owns the KV cache (sequences live only in the scheduler, K/V only here). It
+drops the cache of preempted sequences, runs the step's rows and returns the logits the
+engine samples from, plus per-expert token counts and how long the forward took.
+
+Shape legend: B rows, V vocabulary, T tokens of a row.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from moefleet.engine.request import EngineError
+from moefleet.engine.scheduler import SchedulerOutput
+from moefleet.models.base import ExpertFn, MoEModelAdapter
+from moefleet.models.kv import KVCache
+from moefleet.models.local_experts import Kernel, local_experts
+from moefleet.models.step import StepInput
+
+
+@dataclass
+class RunnerOutput:
+    """``sample_logits_BV`` rows follow ``sample_ids`` (the rows with ``sample``);
+    ``prompt_logits[seq_id]`` is ``[T, V]`` for rows that asked for every position."""
+
+    sample_ids: list[int]
+    sample_logits_BV: torch.Tensor | None
+    prompt_logits: dict[int, torch.Tensor] = field(default_factory=dict)
+    expert_counts: dict[int, torch.Tensor] = field(default_factory=dict)
+    forward_s: float = 0.0
+
+
+class ModelRunner(Protocol):
+    num_cache_blocks: int
+    block_size: int
+    max_model_len: int
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput: ...
+
+    def free(self, seq_ids: list[int]) -> None: ...
+
+
+class LocalRunner:
+    """Runs ``adapter.forward_step`` in this process; experts through ``experts`` (default
+    the in-process ``kernel``). The cache takes ``kv_budget_bytes`` (default: room for
+    ``max_num_seqs`` full-length sequences, at most 2 GiB)."""
+
+    def __init__(self, adapter: MoEModelAdapter, *, experts: ExpertFn | None = None,
+                 kernel: Kernel = "stacked", kv_budget_bytes: int | None = None,
+                 block_size: int = 16, max_num_seqs: int = 64,
+                 max_model_len: int | None = None) -> None:
+        if not adapter.causal:
+            raise EngineError(
+                f"{adapter.name} ({adapter.family}) is an encoder: it cannot generate",
+                "generate with a decoder model, e.g. tiny-moe-lm")
+        self.adapter = adapter
+        self.experts = experts or local_experts(adapter, kernel)
+        context = int(getattr(getattr(adapter.model, "config", None),
+                              "max_position_embeddings", 2048) or 2048)
+        self.max_model_len = min(max_model_len or context, context)
+        layout = adapter.kv_layout()
+        if kv_budget_bytes is None:
+            kv_budget_bytes = min(2 << 30,
+                                  max_num_seqs * self.max_model_len * layout.bytes_per_token)
+        self.cache = KVCache.from_budget(layout, kv_budget_bytes, block_size, adapter.device)
+        self.num_cache_blocks = self.cache.num_blocks
+        self.block_size = block_size
+
+    def free(self, seq_ids: list[int]) -> None:
+        for s in seq_ids:
+            self.cache.free(s)
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        self.free(out.preempted)
+        rows = out.rows
+        for r in rows:
+            if r.seq_id not in self.cache:
+                self.cache.alloc(r.seq_id)
+        want_all = [b for b, r in enumerate(rows) if r.prompt_logprobs]
+        step = StepInput.from_lists(
+            [r.seq_id for r in rows], [r.token_ids for r in rows], [r.start for r in rows],
+            logits="all" if want_all else "last", all_rows=want_all,
+            device=self.adapter.device)
+        t0 = time.perf_counter()
+        res = self.adapter.forward_step(step, self.cache, self.experts)
+        forward_s = time.perf_counter() - t0
+        sample_rows = [b for b, r in enumerate(rows) if r.sample]
+        logits = res.last_logits_BV[sample_rows] if sample_rows else None
+        prompt = {rows[b].seq_id: t for b, t in enumerate(res.all_logits) if t is not None}
+        return RunnerOutput([rows[b].seq_id for b in sample_rows], logits, prompt,
+                            res.expert_counts, forward_s)

@@ -1,0 +1,77 @@
+"""Token choice from a step's logits: greedy, temperature, top-k, top-p, per-request seed,
+and log-probabilities.
+
+Shape legend: B rows that sample this step, V vocabulary.
+
+Log-probabilities are those of the model's own distribution (log-softmax of the raw
+logits), whatever the sampling transform; this is what evaluation tools expect. A
+request with a seed draws from its own generator, so its tokens do not depend on which
+other requests share its batches.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moefleet.engine.request import SamplingParams, TokenLogprob
+
+
+class Sampler:
+    def __init__(self) -> None:
+        self._generators: dict[int, torch.Generator] = {}
+        self._default = torch.Generator().manual_seed(torch.seed() % (2**63))
+
+    def forget(self, seq_id: int) -> None:
+        self._generators.pop(seq_id, None)
+
+    def _generator(self, seq_id: int, params: SamplingParams) -> torch.Generator:
+        if params.seed is None:
+            return self._default
+        g = self._generators.get(seq_id)
+        if g is None:
+            g = self._generators[seq_id] = torch.Generator().manual_seed(params.seed)
+        return g
+
+    @torch.no_grad()
+    def sample(self, logits_BV: torch.Tensor, seq_ids: list[int],
+               params: list[SamplingParams]) -> tuple[list[int], list[TokenLogprob | None]]:
+        logits_BV = logits_BV.float().cpu()
+        if all(p.greedy for p in params):
+            tokens = logits_BV.argmax(dim=-1).tolist()
+        else:
+            tokens = [self._one(logits_BV[b], seq_ids[b], p) for b, p in enumerate(params)]
+        logprobs: list[TokenLogprob | None] = [None] * len(params)
+        want = [b for b, p in enumerate(params) if p.logprobs is not None]
+        if want:
+            lp_BV = torch.log_softmax(logits_BV[want], dim=-1)
+            for r, b in enumerate(want):
+                n = params[b].logprobs or 0
+                top = {}
+                if n:
+                    vals, idx = lp_BV[r].topk(n)
+                    top = dict(zip(idx.tolist(), vals.tolist(), strict=True))
+                logprobs[b] = TokenLogprob(tokens[b], float(lp_BV[r, tokens[b]]), top)
+        return tokens, logprobs
+
+    def _one(self, logits_V: torch.Tensor, seq_id: int, p: SamplingParams) -> int:
+        if p.greedy:
+            return int(logits_V.argmax())
+        scaled_V = logits_V / p.temperature
+        if p.top_k and p.top_k < scaled_V.shape[0]:
+            kth = scaled_V.topk(p.top_k).values[-1]
+            scaled_V = scaled_V.masked_fill(scaled_V < kth, float("-inf"))
+        probs_V = torch.softmax(scaled_V, dim=-1)
+        if p.top_p < 1.0:
+            sorted_V, order = probs_V.sort(descending=True)
+            # keep the smallest prefix whose mass reaches top_p (the first token always)
+            drop = sorted_V.cumsum(0) - sorted_V >= p.top_p
+            sorted_V = sorted_V.masked_fill(drop, 0.0)
+            probs_V = torch.zeros_like(probs_V).scatter_(0, order, sorted_V)
+        return int(torch.multinomial(probs_V, 1, generator=self._generator(seq_id, p)))
+
+
+def prompt_logprobs(logits_TV: torch.Tensor, next_ids: list[int]) -> list[float]:
+    """log p(next_ids[t] | tokens up to t) for every row t of ``logits_TV``."""
+    lp_TV = torch.log_softmax(logits_TV.float(), dim=-1)
+    idx = torch.as_tensor(next_ids, dtype=torch.long)
+    return lp_TV[torch.arange(len(next_ids)), idx].tolist()

@@ -1,0 +1,86 @@
+"""A step: some sequences, each advancing by a few tokens (a prefill chunk or one decode
+token) against the KV cache. ``adapter.forward_step`` is the only layer loop.
+
+Shape legend: B rows (sequences), T new tokens per row (right-padded), V vocabulary,
+E experts of a layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from moefleet.errors import MoefleetError
+
+LogitsWanted = Literal["last", "all"]
+
+
+class StepError(MoefleetError):
+    """A malformed step (empty rows, ragged lists that disagree)."""
+
+
+@dataclass
+class StepInput:
+    """The tokens of one step. Invariants: row ``b`` has ``valid_BT[b].sum()`` real tokens,
+    all at the left; ``position_ids_BT[b, t] = start[b] + t`` for them.
+
+    ``logits``: ``"last"`` computes the head only at each row's last real token (what
+    sampling needs); ``"all"`` at every real token (prompt logprobs, the prefill-only
+    forward). ``all_rows`` limits ``"all"`` to some rows (others get their last only).
+    """
+
+    seq_ids: list[int]
+    input_ids_BT: torch.Tensor
+    position_ids_BT: torch.Tensor
+    valid_BT: torch.Tensor
+    logits: LogitsWanted = "last"
+    all_rows: frozenset[int] | None = None
+
+    @classmethod
+    def from_lists(cls, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]],
+                   starts: Sequence[int], *, logits: LogitsWanted = "last",
+                   all_rows: Sequence[int] | None = None,
+                   device: torch.device | str = "cpu") -> StepInput:
+        if not tokens or len(tokens) != len(seq_ids) or len(starts) != len(seq_ids):
+            raise StepError(
+                f"a step needs as many token lists and starts as sequences (got "
+                f"{len(seq_ids)} ids, {len(tokens)} lists, {len(starts)} starts)",
+                "build the step from the scheduler's output")
+        if any(len(t) == 0 for t in tokens):
+            raise StepError("a step row has no tokens", "drop rows with nothing to compute")
+        B, T = len(tokens), max(len(t) for t in tokens)
+        ids = torch.zeros(B, T, dtype=torch.long)
+        valid = torch.zeros(B, T, dtype=torch.bool)
+        for b, row in enumerate(tokens):
+            ids[b, : len(row)] = torch.as_tensor(list(row), dtype=torch.long)
+            valid[b, : len(row)] = True
+        pos = torch.as_tensor(list(starts), dtype=torch.long)[:, None] + torch.arange(T)[None]
+        return cls(list(seq_ids), ids.to(device), (pos * valid).to(device), valid.to(device),
+                   logits, frozenset(all_rows) if all_rows is not None else None)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.seq_ids)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [int(n) for n in self.valid_BT.sum(dim=1).tolist()]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.valid_BT.sum())
+
+
+@dataclass
+class StepOutput:
+    """``last_logits_BV``: each row's last real token (None for encoders' hidden states,
+    which come in ``all_logits``). ``all_logits[b]``: ``[n_b, V]`` for the rows that asked
+    for every position, else None. ``expert_counts[layer]``: tokens routed to each expert
+    of that MoE layer in this step (real tokens only), ``[E]``; its sum is tokens × k."""
+
+    last_logits_BV: torch.Tensor
+    all_logits: list[torch.Tensor | None]
+    expert_counts: dict[int, torch.Tensor] = field(default_factory=dict)

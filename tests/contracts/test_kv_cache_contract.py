@@ -1,0 +1,118 @@
+"""The step + KV cache contract, over every decoder family (and tiny-moe-lm when built).
+
+Prefill of part of each sequence, then cached steps of a few tokens (ragged: rows start,
+advance and finish at different times) must give the logits of the model's own forward
+on the whole sequences, fp32, within 1e-4. Encoders refuse a cache.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moefleet.models import MoEModelAdapter
+from moefleet.models.hf import HFMoEAdapter
+from moefleet.models.kv import KVCache, KVCacheError, KVCacheFull
+from moefleet.models.step import StepInput
+from moefleet.models.tiny import tiny_model
+from tests.contracts.test_adapter_contract import DECODER_FAMILIES, tiny_bert_moe
+
+
+def _decoders() -> list[str]:
+    names = list(DECODER_FAMILIES)
+    from moefleet.models import zoo
+
+    if zoo.is_built("tiny-moe-lm"):
+        names.append("tiny-moe-lm")
+    return names
+
+
+@pytest.fixture(params=_decoders(), scope="module")
+def decoder(request: pytest.FixtureRequest) -> MoEModelAdapter:
+    if request.param == "tiny-moe-lm":
+        from moefleet.models import zoo
+
+        return zoo.load("tiny-moe-lm")
+    return HFMoEAdapter(tiny_model(request.param, vocab_size=512, seed=3), name=request.param)
+
+
+def _seqs(vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(0, min(vocab, 500), (n,), generator=g).tolist() for n in (13, 4, 9)]
+
+
+def test_prefill_then_cached_steps_equal_full_forward(decoder: MoEModelAdapter) -> None:
+    seqs = _seqs(decoder.vocab_size)
+    full = [decoder.reference_forward(torch.tensor([s]))[0] for s in seqs]
+    cache = KVCache(decoder.kv_layout(), num_blocks=32, block_size=4)
+    for i in range(3):
+        cache.alloc(i)
+    pre = [6, 1, 3]
+    out = decoder.forward_step(StepInput.from_lists(
+        [0, 1, 2], [s[:p] for s, p in zip(seqs, pre, strict=True)], [0, 0, 0], logits="all"),
+        cache)
+    worst = max(float((out.all_logits[b] - full[b][: pre[b]]).abs().max())  # type: ignore[operator]
+                for b in range(3))
+    pos, chunk = list(pre), [3, 1, 2]  # ragged: chunks of several tokens and single tokens
+    while any(p < len(s) for p, s in zip(pos, seqs, strict=True)):
+        rows = [i for i in range(3) if pos[i] < len(seqs[i])]
+        toks = [seqs[i][pos[i]: pos[i] + chunk[i]] for i in rows]
+        o = decoder.forward_step(StepInput.from_lists(rows, toks, [pos[i] for i in rows]), cache)
+        for r, i in enumerate(rows):
+            pos[i] += len(toks[r])
+            worst = max(worst, float((o.last_logits_BV[r] - full[i][pos[i] - 1]).abs().max()))
+    assert worst <= 1e-4
+    assert [cache.length(i) for i in range(3)] == [len(s) for s in seqs]
+
+
+def test_expert_counts_cover_real_tokens_only(decoder: MoEModelAdapter) -> None:
+    seqs = _seqs(decoder.vocab_size)
+    step = StepInput.from_lists([0, 1, 2], seqs, [0, 0, 0])
+    seen: list[int] = []
+    local = decoder.local_expert_fn()
+
+    def spy(layer, x_ND, ids_NK, w_NK):
+        seen.append(x_ND.shape[0])
+        return local(layer, x_ND, ids_NK, w_NK)
+
+    out = decoder.forward_step(step, None, spy)
+    real = sum(len(s) for s in seqs)
+    assert seen == [real] * len(decoder.moe_layers)
+    assert sorted(out.expert_counts) == decoder.moe_layers
+    assert all(int(c.sum()) == real * decoder.top_k for c in out.expert_counts.values())
+
+
+def test_free_returns_blocks_and_budget_is_never_exceeded(decoder: MoEModelAdapter) -> None:
+    layout = decoder.kv_layout()
+    cache = KVCache.from_budget(layout, budget_bytes=layout.bytes_per_token * 8, block_size=4)
+    assert cache.num_blocks == 2 and cache.bytes_used == 0
+    cache.alloc(0)
+    decoder.forward_step(StepInput.from_lists([0], [[1, 2, 3, 4, 5]], [0]), cache)
+    assert cache.num_free_blocks == 0 and cache.bytes_used <= cache.budget_bytes
+    cache.alloc(1)
+    with pytest.raises(KVCacheFull):
+        decoder.forward_step(StepInput.from_lists([1], [[1]], [0]), cache)
+    assert cache.length(1) == 0  # a refused step changes nothing
+    cache.free(0)
+    assert cache.num_free_blocks == 2 and 0 not in cache
+    decoder.forward_step(StepInput.from_lists([1], [[1]], [0]), cache)
+    assert cache.length(1) == 1
+
+
+def test_unknown_sequence_is_a_clear_error(decoder: MoEModelAdapter) -> None:
+    cache = KVCache(decoder.kv_layout(), num_blocks=4)
+    with pytest.raises(KVCacheError, match="sequence 5 has no cache"):
+        decoder.forward_step(StepInput.from_lists([5], [[1]], [0]), cache)
+
+
+def test_encoder_refuses_a_cache() -> None:
+    bert = tiny_bert_moe()
+    with pytest.raises(KVCacheError, match="encoder"):
+        bert.kv_layout()
+    layout = HFMoEAdapter(tiny_model("mixtral", vocab_size=512)).kv_layout()
+    with pytest.raises(KVCacheError, match="encoder"):
+        bert.forward_step(StepInput.from_lists([0], [[1, 2]], [0]), KVCache(layout, 4))
+    # without a cache the encoder's step is its ordinary forward
+    out = bert.forward_step(StepInput.from_lists([0], [[1, 2, 3]], [0], logits="all"))
+    ref = bert.reference_forward(torch.tensor([[1, 2, 3]]))[0]
+    assert torch.allclose(out.all_logits[0], ref, atol=1e-5)  # type: ignore[arg-type]
