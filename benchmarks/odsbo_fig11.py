@@ -6,8 +6,9 @@ model of runtime_overhead.py's beta sweep), every expert at ``--memory`` MB with
 replica, the object store with the platform's S3 latency and bandwidth emulated (both on
 the workers' side and the executor's), the local backend's memory and vCPU limits on
 (emulated), 10 worker processes so that the gate and all 8 experts run at once (the
-layer is I/O-bound on the emulated store; compute is small next to it). Per method and batch size: one cold batch, then ``--reps`` warm batches;
-median MoE-layer latency (scatter + experts + gather) and the mean bill of a warm batch
+layer is I/O-bound on the emulated store; compute is small next to it). Per method and
+batch size: one cold batch, then ``--reps`` warm batches; median MoE-layer latency
+(scatter + experts + gather) and the mean bill of a warm batch
 (expert invocations + every store request the segment functions and the executor made,
 priced by the platform's Meter). Pipelined uses β = ceil(tokens per replica / 4).
 Direct needs the payload to fit: a batch whose replica packet does not fit is recorded
