@@ -33,8 +33,9 @@ from moefleet.errors import MoefleetError
 BACKEND_IMPORTS: dict[str, tuple[str, ...]] = {
     "local": ("torch", "moefleet.runtime.local_worker", "moefleet.runtime.handlers",
               "moefleet.runtime.stores", "moefleet.models.hf"),
+    # The Lambda entry point builds the model skeleton (transformers) at its cold start.
     "aws": ("torch", "boto3", "moefleet.runtime.base", "moefleet.runtime.handlers",
-            "moefleet.runtime.stores"),
+            "moefleet.runtime.stores", "moefleet.models.hf"),
 }
 # After the imports, one small forward (matmul + activation) initialises torch's CPU
 # kernels and thread pool, as a handler's first call would.
