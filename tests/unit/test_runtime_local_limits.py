@@ -55,7 +55,9 @@ def test_a_sub_core_share_is_stretched_to_its_cpu_quota(backend: LocalBackend) -
     rec = backend.invoke("cpu", pack(meta={"op": "spin", "seconds": 0.1})).record
     # 0.1 CPU-seconds on a share of `vcpus` cores take at least 0.1 / vcpus seconds.
     assert rec.end_s - rec.start_s >= 0.1 / vcpus * 0.99
-    assert backend.stats()["cpu_stretch_s"] > stretched
+    # Stretched only by what the call lacked: on a machine so loaded that the spin alone
+    # took 0.1 / vcpus seconds of wall time, nothing is added.
+    assert backend.stats()["cpu_stretch_s"] >= stretched
 
 
 def test_limits_off_gives_a_whole_core() -> None:
