@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -258,6 +259,8 @@ def test_zoo_model_profile_fits_well(name: str) -> None:
     from moefleet.models import zoo
 
     if not zoo.has_entry(name) or not zoo.is_built(name):
+        if name in os.environ.get("MOEFLEET_REQUIRE_ZOO", "").split(","):
+            pytest.fail(f"{name} must be built for this run (make test builds it)")
         pytest.skip(f"{name} is not built in this cache (moefleet models build {name})")
     profile = profile_for(name)  # measured once (default grid), then read from the cache
     assert profile_path(name).is_file()

@@ -281,7 +281,7 @@ def measure_profile(
             f"timings at {max(tlist)} threads compete with other processes; re-measure on "
             "an idle machine for a trustworthy thread law"
         )
-    return ComputeProfile(
+    profile = ComputeProfile(
         model=adapter.name,
         hidden_size=hidden,
         moe_layers=moe_layers,
@@ -302,6 +302,22 @@ def measure_profile(
             "segments": raw_segments,
         },
     )
+    return add_memory(profile, adapter)
+
+
+def add_memory(profile: ComputeProfile, adapter: MoEModelAdapter) -> ComputeProfile:
+    """``profile`` with the runtime footprints and the experts' intermediate memory per
+    token measured (:mod:`moefleet.profiles.footprint`); fields already there are kept."""
+    from moefleet.profiles.footprint import intermediate_per_token, measure_runtime_footprints
+
+    if not profile.runtime_bytes:
+        profile.runtime_bytes = measure_runtime_footprints()
+    for layer in profile.moe_layers:
+        if layer not in profile.intermediate_bytes_per_token:
+            module = adapter.expert(layer, 0).eval()
+            profile.intermediate_bytes_per_token[layer] = intermediate_per_token(
+                module, adapter.hidden_size)
+    return profile
 
 
 def _segment_parts(adapter: MoEModelAdapter, layer: int) -> list[str]:

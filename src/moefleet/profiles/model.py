@@ -14,7 +14,11 @@ that share of one core). Invariants: every fitted time is positive and non-incre
 in v for v ≥ 1.
 
 Sizes in bytes: parameters per expert and per segment, activation bytes per token
-(hidden size × 4 for fp32 — what one token costs on the wire each way).
+(hidden size × 4 for fp32 — what one token costs on the wire each way), and the memory
+eq. 12c needs besides them (:mod:`moefleet.profiles.footprint`): the runtime footprint of a
+function process per backend (``runtime_bytes``) and an expert's intermediate bytes per
+token per MoE layer (``intermediate_bytes_per_token``). Both are empty in profiles saved
+before they were measured; ``profile_for`` fills them in.
 """
 
 from __future__ import annotations
@@ -87,6 +91,20 @@ class ComputeProfile:
     bytes_per_token: int  # activation bytes one token carries each way (fp32 hidden)
     machine: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
+    runtime_bytes: dict[str, int] = field(default_factory=dict)  # backend -> RSS bytes
+    intermediate_bytes_per_token: dict[int, int] = field(default_factory=dict)  # MoE layer
+
+    @property
+    def has_memory(self) -> bool:
+        """Whether the footprint and every MoE layer's intermediate memory are measured."""
+        return bool(self.runtime_bytes) and set(self.intermediate_bytes_per_token) >= set(
+            self.moe_layers)
+
+    @property
+    def footprint_bytes(self) -> int:
+        """The runtime footprint a plan must leave room for: the largest over backends
+        (a plan has to start on every backend it may be deployed on); 0 if unmeasured."""
+        return max(self.runtime_bytes.values(), default=0)
 
     def expert(self, layer: int) -> FunctionProfile:
         if layer not in self.experts:
@@ -111,6 +129,9 @@ class ComputeProfile:
             "bytes_per_token": self.bytes_per_token,
             "machine": self.machine,
             "raw": self.raw,
+            "runtime_bytes": dict(self.runtime_bytes),
+            "intermediate_bytes_per_token": {
+                str(k): v for k, v in self.intermediate_bytes_per_token.items()},
         }
 
     def save(self, path: str | Path) -> Path:
@@ -151,6 +172,11 @@ class ComputeProfile:
                 bytes_per_token=_int_field(d["bytes_per_token"], "bytes_per_token", 1, 1 << 24),
                 machine=dict(d.get("machine", {})),
                 raw=dict(d.get("raw", {})),
+                runtime_bytes={str(k): _nonneg(v, source)
+                               for k, v in d.get("runtime_bytes", {}).items()},
+                intermediate_bytes_per_token={
+                    int(k): _nonneg(v, source)
+                    for k, v in d.get("intermediate_bytes_per_token", {}).items()},
             )
         except DataError:
             raise
@@ -234,3 +260,11 @@ def _check_law(law: FunctionProfile, source: str) -> None:
             "re-measure it with moefleet profile-compute")
     if law.threads.per_token_s(1.0) <= 0:
         raise DataError(f"{source}: thread law gives a non-positive time", "re-measure it")
+
+
+def _nonneg(value: Any, source: str) -> int:
+    out = int(value)
+    if out < 0:
+        raise DataError(f"{source}: negative memory size {out} in the compute profile",
+                        "re-measure it with moefleet profile-compute")
+    return out
