@@ -212,7 +212,10 @@ def test_crash_is_retried_once_then_succeeds(backend: FunctionBackend, tmp_path:
     res = call(backend, name, op="crash_once", flag=str(tmp_path / "flag"))
     assert unpack(res.payload).meta["op"] == "crash_once"
     assert (tmp_path / "flag").exists()
-    assert [r.function for r in backend.records()].count(name) == 1
+    mine = [r for r in backend.records() if r.function == name]
+    assert [r.failed for r in mine].count(False) == 1  # one successful invocation
+    if backend.name == "local":  # the crashed attempt is billed too (ray/aws: not yet)
+        assert [r.failed for r in mine].count(True) == 1
 
 
 def test_crash_every_time_gives_a_clear_error(backend: FunctionBackend) -> None:
@@ -273,3 +276,28 @@ def test_teardown_is_idempotent_and_final(factory: Factory, platform: PlatformSp
         call(b, name, op="pid")
     with pytest.raises(BackendClosedError):
         b.deploy(FunctionSpec("late", "aux", DEBUG, memory_mb=256))
+
+
+def test_reconfigure_scales_warm_and_resizes_cold(backend: FunctionBackend,
+                                                  platform: PlatformSpec,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    from moefleet.autoscale.base import FunctionConfig
+
+    name = fn(backend)
+    assert call(backend, name, op="pid").record.cold
+    spec = backend.reconfigure(name, FunctionConfig(256, replicas=2, concurrency=1))
+    assert (spec.replicas, spec.memory_mb) == (2, 256)
+    assert not call(backend, name, op="pid").record.cold  # scaling keeps warm instances
+    spec = backend.reconfigure(name, FunctionConfig(512, replicas=2, concurrency=1))
+    rec = call(backend, name, op="pid").record
+    assert rec.cold and rec.memory_mb == 512 and spec.memory_mb == 512
+    # Outside the platform's limits: clamped and logged, never applied raw.
+    limits = platform.limits
+    assert limits is not None
+    with caplog.at_level("WARNING", logger="moefleet.runtime.base"):
+        spec = backend.reconfigure(name, FunctionConfig(
+            512, replicas=limits.max_replicas + 5,
+            concurrency=limits.max_concurrency_per_instance + 3))
+    assert spec.replicas == limits.max_replicas
+    assert spec.concurrency == limits.max_concurrency_per_instance
+    assert "clamped" in caplog.text

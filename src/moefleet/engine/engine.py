@@ -218,7 +218,7 @@ class Engine:
                 done, reason = True, "stop"
                 text = live.detok.flush_before_stop()
         out = RequestOutput(seq.request_id, [token], text, done, reason,
-                            [lp] if lp is not None else None,
+                            [lp] if lp is not None else None, times=t,
                             num_prompt_tokens=len(seq.prompt_ids),
                             num_output_tokens=len(seq.output_ids))
         if not live.sent_prompt_logprobs:
@@ -228,7 +228,6 @@ class Engine:
                 out.prompt_logprobs = live.prompt_lps
         if done:
             t.finished = now
-            out.times = t
             self.scheduler.finish(seq.seq_id, reason or "stop")
             self.runner.free([seq.seq_id])
             self.sampler.forget(seq.seq_id)
