@@ -77,3 +77,21 @@ def test_bad_inputs_have_clear_errors(files: dict[str, Path]) -> None:
     args[args.index("alibaba-fc-gpu")] = "aws-lambda"
     res = runner.invoke(app, args)
     assert res.exit_code != 0 and "has no GPU functions" in res.output
+
+
+def test_plan_file_groups_are_validated(files: dict[str, Path]) -> None:
+    from moefleet.plan.plan import PlanError
+
+    assert runner.invoke(app, _args(files)).exit_code == 0
+    text = files["out"].read_text()
+    plan = DeploymentPlan.from_yaml(text)
+    bad = plan.model_dump(mode="json")
+    bad["groups"][0]["experts"] = [64]
+    import yaml
+
+    with pytest.raises(PlanError, match="below 64"):
+        DeploymentPlan.from_yaml(yaml.safe_dump(bad))
+    bad = plan.model_dump(mode="json")
+    bad["main"] = None
+    with pytest.raises(PlanError, match="need a main function"):
+        DeploymentPlan.from_yaml(yaml.safe_dump(bad))

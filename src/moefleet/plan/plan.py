@@ -81,17 +81,19 @@ class MainFunction(_Strict):
     """Remoe's main function: non-experts (on the GPU when ``gpu_gb`` > 0), the KV cache
     and every expert no group holds (its local experts), in CPU memory ``memory_mb``."""
 
-    memory_mb: int = Field(gt=0, description="CPU memory of the main function (MB).")
-    gpu_gb: float = Field(0.0, ge=0, description="GPU memory it holds (GB); 0: CPU only.")
+    memory_mb: int = Field(gt=0, le=MAX_MEMORY_MB, strict=True,
+                           description="CPU memory of the main function (MB).")
+    gpu_gb: float = Field(0.0, ge=0, le=10**5, allow_inf_nan=False,
+                          description="GPU memory it holds (GB); 0: CPU only.")
 
 
 class ExpertGroup(_Strict):
     """Several experts of one MoE layer in one function with ``replicas`` instances."""
 
     layer: int = Field(ge=0)
-    experts: list[int] = Field(min_length=1)
-    memory_mb: int = Field(gt=0)
-    replicas: int = Field(1, ge=1)
+    experts: list[Annotated[int, Field(ge=0, strict=True)]] = Field(min_length=1)
+    memory_mb: int = Field(gt=0, le=MAX_MEMORY_MB, strict=True)
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS, strict=True)
 
 
 class DeploymentPlan(_Strict):
@@ -110,6 +112,19 @@ class DeploymentPlan(_Strict):
         default=None, description="Remoe: the main function (then segments are empty).")
     groups: list[ExpertGroup] = Field(
         default_factory=list, description="Remoe: remote expert functions, one per layer.")
+
+    @model_validator(mode="after")
+    def _groups_fit_layers(self) -> DeploymentPlan:
+        if self.groups and self.main is None:
+            raise ValueError("expert groups need a main function (Remoe plans)")
+        sizes = {lp.layer: len(lp.experts) for lp in self.layers}
+        for g in self.groups:
+            if g.layer not in sizes:
+                raise ValueError(f"group of layer {g.layer}: the plan has no such MoE layer")
+            if max(g.experts) >= sizes[g.layer] or len(set(g.experts)) != len(g.experts):
+                raise ValueError(f"group of layer {g.layer}: expert ids must be distinct "
+                                 f"and below {sizes[g.layer]}, got {g.experts}")
+        return self
 
     @model_validator(mode="after")
     def _finite_predictions(self) -> DeploymentPlan:
