@@ -55,8 +55,8 @@ class RemoeResult:
                 for e in rem:
                     mem[e] = lay.remote_mb[li]
             layer_plans.append(LayerPlan(layer=layer, method="direct", beta=1, experts=[
-                ExpertConfig(memory_mb=m, replicas=len(lay.groups[li]) if m != lay.main_mb
-                             or e in rem else 1) for e, m in enumerate(mem)]))
+                ExpertConfig(memory_mb=m, replicas=len(lay.groups[li]) if e in rem else 1)
+                for e, m in enumerate(mem)]))
         est = self.estimate
         gpu_note = bool(est.gpu_gb > 0)
         predicted = {"cost_usd": est.cost, "ttft_s": est.ttft_s, "tpot_s": est.tpot_s,
