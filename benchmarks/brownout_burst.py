@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     slo_tpot = a.slo_factor * statistics.median(o.times.tpot_s for o in solo)
     engine, _, _ = brownout_engine(adapter, ways=None, **kw)
     t0 = time.perf_counter()
-    burst = replay(engine, [(0.0, pool[i % len(pool)], params) for i in range(64)])
+    replay(engine, [(0.0, pool[i % len(pool)], params) for i in range(64)])
     capacity = 64 / (time.perf_counter() - t0)  # requests/s
     base = a.load * capacity
     rng = np.random.default_rng(7)
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = {}
     salc = SALC(slo_ttft, slo_tpot)
     for name, ways, control in (("zero", None, None), ("salc", a.ways, salc)):
-        engine, experts, hook = brownout_engine(adapter, ways=ways, salc=control, **kw)
+        engine, _, hook = brownout_engine(adapter, ways=ways, salc=control, **kw)
         start = engine.clock()
         outs = replay(engine, arrivals, max_wall_s=10 * a.duration + 600)
         first, later = token_latencies(outs)

@@ -8,6 +8,8 @@ inter-token gap (the TPOT sample). Everything runs on the engine's clock.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from moefleet.brownout.control import BrownoutControl
 from moefleet.engine.request import RequestOutput
 from moefleet.engine.scheduler import SchedulerOutput
@@ -20,7 +22,7 @@ class SALCHook:
         self.trace: list[tuple[float, str, float]] = []  # (now, kind, threshold)
 
     def before_step(self, out: SchedulerOutput, now: float) -> None:
-        kind = "prefill" if out.has_prefill else "decode"
+        kind: Literal["prefill", "decode"] = "prefill" if out.has_prefill else "decode"
         threshold = self.control.before_step(kind, now)
         if self.keep_trace:
             self.trace.append((now, kind, threshold))
