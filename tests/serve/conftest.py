@@ -1,8 +1,9 @@
 """A real server on 127.0.0.1: a tiny random Mixtral (GPT-2 BPE) behind uvicorn in a
-thread. One server per module; tests that need other settings start their own."""
+thread. One server per session; tests that need other settings start their own."""
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 import time
@@ -29,15 +30,22 @@ class Server:
         return self.app.state.serve.worker.engine
 
 
-def tiny_engine(max_num_seqs: int = 8) -> Any:
-    from moefleet.engine.build import build_engine
+@functools.cache
+def tiny_adapter() -> Any:
+    """Built once per session (random init of a 50k vocabulary is the slow part)."""
     from moefleet.models.hf import HFMoEAdapter
     from moefleet.models.tiny import tiny_model
     from moefleet.models.tokenizers import gpt2_tokenizer
 
     tok = gpt2_tokenizer()
-    adapter = HFMoEAdapter(tiny_model("mixtral", vocab_size=len(tok)), tok, name=MODEL)
-    return build_engine(adapter, max_num_seqs=max_num_seqs)
+    return HFMoEAdapter(tiny_model("mixtral", vocab_size=len(tok)), tok, name=MODEL)
+
+
+def tiny_engine(max_num_seqs: int = 8) -> Any:
+    """A fresh engine (own KV cache and stats) over the shared weights."""
+    from moefleet.engine.build import build_engine
+
+    return build_engine(tiny_adapter(), max_num_seqs=max_num_seqs)
 
 
 def free_port() -> int:
@@ -70,7 +78,7 @@ def running(engine: Any = None, **kw: Any) -> Iterator[Server]:
         thread.join(30)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
     with running() as s:
         yield s
