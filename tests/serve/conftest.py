@@ -80,5 +80,6 @@ def running(engine: Any = None, **kw: Any) -> Iterator[Server]:
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
-    with running() as s:
+    # Requests without max_tokens get 16, not the whole context: fuzzing stays fast.
+    with running(default_max_tokens=16) as s:
         yield s

@@ -84,14 +84,16 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                max_waiting: int = DEFAULT_MAX_WAITING,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, platform: str = "aws-lambda",
                memory_mb: int = DEFAULT_MEMORY_MB, slo_ttft_s: float | None = None,
-               slo_tpot_s: float | None = None) -> FastAPI:
+               slo_tpot_s: float | None = None, default_max_tokens: int | None = None
+               ) -> FastAPI:
     metrics = ServeMetrics(model_name)
     pricer = InProcessPricer(load_platform(platform), memory_mb)
     worker = EngineWorker(engine, metrics, pricer, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
     adapter = getattr(engine.runner, "adapter", None)
     vocab = adapter.vocab_size if adapter is not None else 1 << 31
     state = ServeState(worker, metrics, model_name, engine.runner.max_model_len, vocab,
-                       api_key=api_key, max_waiting=max_waiting, max_body_bytes=max_body_bytes)
+                       api_key=api_key, max_waiting=max_waiting, max_body_bytes=max_body_bytes,
+                       default_max_tokens=default_max_tokens)
     if slo_ttft_s is not None:
         metrics.controller.labels(model_name, "slo_ttft_s").set(slo_ttft_s)
     if slo_tpot_s is not None:

@@ -7,15 +7,20 @@ bad one is answered with 400 naming it. Bounds keep what one request can ask for
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_PROMPTS = 64  # prompts in one completions request (lm-eval batches them)
 MAX_N = 16
+MAX_CHOICES = 64  # engine requests one API request may start
 MAX_STOP = 16
 MAX_MESSAGES = 256
 MAX_TOKEN_IDS = 65_536
+
+
+NonEmpty = Annotated[str, Field(min_length=1)]
+TokenId = Annotated[int, Field(ge=0)]
 
 
 class StreamOptions(BaseModel):
@@ -34,8 +39,8 @@ class _Sampling(BaseModel):
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP)
+    stop: NonEmpty | list[NonEmpty] | None = None
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     ignore_eos: bool = False
     user: str | None = Field(None, max_length=256)
@@ -84,7 +89,7 @@ class _Sampling(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-Prompt = str | list[str] | list[int] | list[list[int]]
+Prompt = NonEmpty | list[NonEmpty] | list[TokenId] | list[list[TokenId]]
 
 
 class CompletionRequest(_Sampling):
@@ -110,6 +115,13 @@ class CompletionRequest(_Sampling):
                                                                        else [p])):
                     raise ValueError("token ids must be >= 0")
         return v
+
+    @model_validator(mode="after")
+    def _choices(self) -> CompletionRequest:
+        k = len(self.prompts()) * self.n
+        if k > MAX_CHOICES:
+            raise ValueError(f"prompts x n = {k} choices; at most {MAX_CHOICES} per request")
+        return self
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt
@@ -174,7 +186,7 @@ class TokenizeRequest(BaseModel):
 class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = Field(None, max_length=256)
-    tokens: list[int] = Field(max_length=MAX_TOKEN_IDS)
+    tokens: list[TokenId] = Field(max_length=MAX_TOKEN_IDS)
 
 
 class ErrorDetail(BaseModel):

@@ -26,6 +26,7 @@ class ServeState:
     api_key: str | None = None
     max_waiting: int = DEFAULT_MAX_WAITING
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    default_max_tokens: int | None = None  # None: whatever room the context leaves
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

@@ -81,7 +81,8 @@ async def submit(state: ServeState, prompts: list[str | list[int]], body: Any, *
                     raise EngineError(f"prompt {pi} is empty after tokenization",
                                       "send some text or token ids")
                 room = state.max_model_len - len(ids)
-                limit = max_tokens if max_tokens is not None else max(room, 1)
+                limit = max_tokens if max_tokens is not None else max(
+                    min(room, state.default_max_tokens or room), 1)
                 lens.append(len(ids))
                 if echo:
                     echoes.append(prompt if isinstance(prompt, str) else
