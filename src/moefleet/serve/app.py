@@ -186,7 +186,7 @@ def _open_routes(app: FastAPI, state: ServeState) -> None:
                     "bos_token_id": getattr(t, "bos_token_id", None),
                     "chat_template": getattr(t, "chat_template", None)}
 
-        return await state.call(info)  # type: ignore[no-any-return]
+        return await state.call(info)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

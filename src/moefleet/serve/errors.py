@@ -52,7 +52,7 @@ def error_response(err: APIError) -> JSONResponse:
 def from_moefleet(err: MoefleetError) -> APIError:
     """A validation failure inside the engine (SamplingParams, context, vocabulary)."""
     word = err.message.split(" ", 1)[0]
-    param = word if word.replace("_", "").isalpha() and "_" in word or word in (
+    param = word if (word.replace("_", "").isalpha() and "_" in word) or word in (
         "temperature", "seed", "stop") else None
     msg = f"{err.message} ({err.hint})" if err.hint else err.message
     return APIError(400, msg, param=param, code="invalid_value")

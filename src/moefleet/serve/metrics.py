@@ -87,8 +87,13 @@ class ServeMetrics:
                                 registry=r)
         self.controller = Gauge(CONTROLLER_SETTING, "Controller settings of this server.",
                                 [*m, "setting"], registry=r)
-        for phase in ("ttft", "tpot"):  # present at 0 so rate() works from the start
+        # Every series present at 0 from the start, so rate() and tests see it move.
+        for phase in ("ttft", "tpot"):
             self.slo_violations.labels(model_name, phase)
+        for metric in (self.running, self.waiting, self.kv_usage, self.prompt_tokens,
+                       self.generation_tokens, self.model_tokens, self.preemptions,
+                       self.aborted, self.rejected):
+            metric.labels(model_name)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

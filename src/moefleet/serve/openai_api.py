@@ -14,7 +14,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-
 from moefleet.serve.errors import ERROR_RESPONSES, APIError, error_body
 from moefleet.serve.protocol import ChatCompletionRequest, CompletionRequest
 from moefleet.serve.submit import Submitted, chat_prompt, deltas, submit
@@ -60,7 +59,8 @@ def _sse(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
             async for ev in events:
                 yield f"data: {json.dumps(ev, separators=(',', ':'))}\n\n"
         except APIError as err:
-            yield f"data: {json.dumps(error_body(err.status, err.message, err.param, err.code))}\n\n"
+            body = error_body(err.status, err.message, err.param, err.code)
+            yield f"data: {json.dumps(body)}\n\n"
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(body(), media_type="text/event-stream",

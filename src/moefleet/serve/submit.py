@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,14 +37,14 @@ class Submitted:
     request_id: str = ""
 
 
-def chat_prompt(engine: Engine, messages: list[tuple[str, str]]) -> str:
+def chat_prompt(engine: Engine, messages: Sequence[tuple[str, str]]) -> str:
     """The model's chat template if its tokenizer has one, else ``role: content`` lines."""
     tok = engine.tokenizer
     if tok is not None and getattr(tok, "chat_template", None):
         try:
             text = tok.apply_chat_template([{"role": r, "content": c} for r, c in messages],
                                            tokenize=False, add_generation_prompt=True)
-        except Exception as err:  # noqa: BLE001 - templates raise their own errors on bad roles
+        except Exception as err:
             raise EngineError(f"messages do not fit the model's chat template: {err}",
                               "check the roles and their order") from err
         return str(text)
@@ -103,7 +103,7 @@ async def submit(state: ServeState, prompts: list[str | list[int]], body: Any, *
             raise
         return Submitted(rids, q, lens, echoes, request_id=base)
 
-    return await state.call(add)  # type: ignore[no-any-return]
+    return await state.call(add)
 
 
 def abort_soon(state: ServeState, rids: list[str]) -> None:

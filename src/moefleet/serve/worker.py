@@ -11,9 +11,9 @@ and its cache is freed at once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
-
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -23,6 +23,8 @@ from typing import Any
 from moefleet.engine import Engine, RequestOutput
 from moefleet.serve.cost import FUNCTION_MAIN, InProcessPricer, RequestCost
 from moefleet.serve.metrics import ServeMetrics
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -131,16 +133,16 @@ class EngineWorker(threading.Thread):
                     self._run_cmd(*item)
                 if self.engine.has_unfinished:
                     self._step()
-        except BaseException:  # noqa: BLE001 - the server must learn the engine is gone
+        except Exception:
             self.error = "engine thread died: " + traceback.format_exc(limit=3).splitlines()[-1]
+            log.exception("engine thread died; /health now answers 503")
             self._fail_all()
-            raise
 
     def _run_cmd(self, fn: Callable[[Engine], Any], fut: Future[Any]) -> None:
         self.pending -= 1
         try:
             fut.set_result(fn(self.engine))
-        except Exception as err:  # noqa: BLE001 - handed to the awaiting handler
+        except Exception as err:
             fut.set_exception(err)
         self._publish()
 
