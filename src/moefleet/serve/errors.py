@@ -7,6 +7,7 @@ classes.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import Request
@@ -28,6 +29,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (401, "Missing or wrong API key"), (404, "Unknown model"),
         (413, "Request body too large"),
         (503, "Overloaded (see Retry-After) or engine not running")]}
+
+_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
 class APIError(Exception):
@@ -67,7 +70,9 @@ async def _validation(_: Request, err: Exception) -> JSONResponse:
     assert isinstance(err, RequestValidationError)
     errs = err.errors()
     first = errs[0] if errs else {}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    # Drop "body" and pydantic's union-member tags ("constrained-str", "list[int]", ...).
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and str(p) not in _TAGS
+           and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|\d+", str(p))]
     param = ".".join(loc) or None
     msg = str(first.get("msg", "invalid request"))
     if first.get("type") == "json_invalid":
