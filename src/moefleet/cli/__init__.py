@@ -9,6 +9,7 @@ import os
 
 import typer
 
+from moefleet.cli import bench as _bench
 from moefleet.cli import demo as _demo
 from moefleet.cli import generate as _generate
 from moefleet.cli import models as _models
@@ -38,6 +39,7 @@ app.add_typer(_platforms.app, name="platforms")
 _plan.app.command("bo")(_plan_bo.bo_cmd)  # beside `plan show`; its own module (many options)
 app.add_typer(_plan.app, name="plan")
 app.add_typer(_predict.app, name="predict")
+app.add_typer(_bench.app, name="bench")
 app.command("profile")(_profile.profile_cmd)
 app.command("profile-compute")(_profile_compute.profile_compute_cmd)
 app.command("demo")(_demo.demo_cmd)
