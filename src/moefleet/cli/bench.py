@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 
 from moefleet.cli.common import emit_json, err_console, out_console, user_errors
 from moefleet.errors import MoefleetError
@@ -68,7 +69,7 @@ def bench_serve_cmd(
         err_console.print(f"sending {len(arrivals)} requests over {duration:g} s "
                           f"({workload}) to {url}", highlight=False)
         records, wall = asyncio.run(run_bench(cfg))
-        result = {"url": url, "dataset": dataset, "workload": wl.describe(),
+        result: dict[str, Any] = {"url": url, "dataset": dataset, "workload": wl.describe(),
                   "duration_s": duration, "seed": seed, "max_tokens": max_tokens,
                   "metrics": summarize(records, wall, cfg)}
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +84,7 @@ def bench_serve_cmd(
         err_console.print(f"wrote {out} and {png}", highlight=False)
 
 
-def _table(m: dict, console) -> None:  # type: ignore[no-untyped-def, type-arg]
+def _table(m: dict[str, Any], console: Console) -> None:
     from rich.table import Table
 
     t = Table("metric", "mean", "p50", "p90", "p99")

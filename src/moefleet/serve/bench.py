@@ -10,6 +10,7 @@ client-side (network and HTTP included); billed cost is what the server put in `
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import statistics
@@ -66,7 +67,7 @@ class RequestRecord:
     @property
     def itl_s(self) -> list[float]:
         c = self.chunk_s
-        return [b - a for a, b in zip(c, c[1:], strict=False)]
+        return [b - a for a, b in itertools.pairwise(c)]
 
     @property
     def tpot_s(self) -> float | None:
@@ -147,7 +148,7 @@ async def _one(session: Any, cfg: BenchConfig, model: str, prompt: str, max_toke
                     rec.cost_usd = float((u.get("billed_cost") or {}).get("usd", 0.0))
         rec.done_s = time.perf_counter() - t0
         rec.ok = rec.error is None and bool(rec.chunk_s)
-    except (OSError, asyncio.TimeoutError, ValueError) as err:
+    except (TimeoutError, OSError, ValueError) as err:
         rec.error = type(err).__name__
 
 
