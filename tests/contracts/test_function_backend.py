@@ -273,3 +273,28 @@ def test_teardown_is_idempotent_and_final(factory: Factory, platform: PlatformSp
         call(b, name, op="pid")
     with pytest.raises(BackendClosedError):
         b.deploy(FunctionSpec("late", "aux", DEBUG, memory_mb=256))
+
+
+def test_reconfigure_scales_warm_and_resizes_cold(backend: FunctionBackend,
+                                                  platform: PlatformSpec,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    from moefleet.autoscale.base import FunctionConfig
+
+    name = fn(backend)
+    assert call(backend, name, op="pid").record.cold
+    spec = backend.reconfigure(name, FunctionConfig(256, replicas=2, concurrency=1))
+    assert (spec.replicas, spec.memory_mb) == (2, 256)
+    assert not call(backend, name, op="pid").record.cold  # scaling keeps warm instances
+    spec = backend.reconfigure(name, FunctionConfig(512, replicas=2, concurrency=1))
+    rec = call(backend, name, op="pid").record
+    assert rec.cold and rec.memory_mb == 512 and spec.memory_mb == 512
+    # Outside the platform's limits: clamped and logged, never applied raw.
+    limits = platform.limits
+    assert limits is not None
+    with caplog.at_level("WARNING", logger="moefleet.runtime.base"):
+        spec = backend.reconfigure(name, FunctionConfig(
+            512, replicas=limits.max_replicas + 5,
+            concurrency=limits.max_concurrency_per_instance + 3))
+    assert spec.replicas == limits.max_replicas
+    assert spec.concurrency == limits.max_concurrency_per_instance
+    assert "clamped" in caplog.text

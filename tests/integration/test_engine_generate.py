@@ -122,3 +122,21 @@ def test_bad_requests_are_refused_and_nothing_is_left_behind(prompt, params, mat
 def test_an_encoder_cannot_generate() -> None:
     with pytest.raises(EngineError, match="encoder"):
         LocalRunner(tiny_bert_moe())
+
+
+def test_step_hooks_see_every_step_before_and_after() -> None:
+    seen: list[tuple[str, bool, int]] = []
+
+    class Spy:
+        def before_step(self, out, now: float) -> None:
+            seen.append(("before", out.has_prefill, len(out.rows)))
+
+        def after_step(self, outputs, now: float) -> None:
+            seen.append(("after", False, len(outputs)))
+
+    adapter = HFMoEAdapter(tiny_model("mixtral", vocab_size=512))
+    engine = Engine(LocalRunner(adapter), hooks=[Spy()])
+    engine.generate([[1, 2, 3]], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert seen == [("before", True, 1), ("after", False, 1),
+                    ("before", False, 1), ("after", False, 1),
+                    ("before", False, 1), ("after", False, 1)]

@@ -147,3 +147,16 @@ def test_bad_sampling_params_name_the_value(kwargs: dict) -> None:
     name = next(iter(kwargs))
     with pytest.raises(EngineError, match=name):
         SamplingParams(**kwargs)
+
+
+def test_rows_say_whether_they_compute_prompt_tokens() -> None:
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=4))
+    s.add("a", [1] * 6, _params(3), 0.0)
+    first = s.schedule()
+    assert first.has_prefill and first.rows[0].prefill and not first.rows[0].sample
+    s.update(first, {})
+    second = s.schedule()  # the prompt's last 2 tokens: still prefill, and sampled
+    assert second.rows[0].prefill and second.rows[0].sample
+    s.update(second, {0: 7})
+    third = s.schedule()
+    assert not third.has_prefill and len(third.rows[0].token_ids) == 1

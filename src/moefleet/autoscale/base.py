@@ -117,6 +117,53 @@ class FunctionMetrics:
 
 
 @dataclass(frozen=True, slots=True)
+class LayerMetrics:
+    """One MoE layer over the interval, from its experts' :class:`FunctionMetrics`.
+
+    ``routing_entropy`` = -sum(token_share x ln token_share) over its experts (0 = all
+    tokens to one expert); ``latency_variance_s2`` = population variance of the experts'
+    P95 latencies; ``straggler_ratio`` per expert = its P95 / the layer's largest P95
+    (1 = the straggler; 0 when no expert ran); ``gflops`` = tokens x FLOPs per token
+    / 1e9 when the caller knows FLOPs per token, else 0.
+    """
+
+    layer: int
+    tokens: int
+    token_share: Mapping[str, float]
+    request_share: Mapping[str, float]
+    routing_entropy: float
+    latency_variance_s2: float
+    straggler_ratio: Mapping[str, float]
+    gflops: float = 0.0
+
+
+def layer_metrics(functions: Mapping[str, FunctionMetrics],
+                  flops_per_token: Mapping[int, float] | None = None) -> dict[int, LayerMetrics]:
+    """Layer-level metrics of every MoE layer that has expert functions."""
+    by_layer: dict[int, list[FunctionMetrics]] = {}
+    for m in functions.values():
+        if m.kind == "expert":
+            by_layer.setdefault(m.layer, []).append(m)
+    out: dict[int, LayerMetrics] = {}
+    for layer, ms in sorted(by_layer.items()):
+        lat = [m.p95_latency_s for m in ms]
+        mean = sum(lat) / len(lat)
+        worst = max(lat)
+        tokens = sum(m.tokens for m in ms)
+        out[layer] = LayerMetrics(
+            layer=layer, tokens=tokens,
+            token_share={m.name: m.token_share for m in ms},
+            request_share={m.name: m.request_share for m in ms},
+            routing_entropy=-sum(m.token_share * math.log(m.token_share) for m in ms
+                                 if m.token_share > 0),
+            latency_variance_s2=sum((x - mean) ** 2 for x in lat) / len(lat),
+            straggler_ratio={m.name: (m.p95_latency_s / worst if worst > 0 else 0.0)
+                             for m in ms},
+            gflops=tokens * (flops_per_token or {}).get(layer, 0.0) / 1e9)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
 class MetricsSnapshot:
     """The whole deployment at time ``t_s`` (seconds since the run started)."""
 
@@ -137,9 +184,21 @@ class MetricsSnapshot:
     def config(self, name: str) -> FunctionConfig:
         return self.functions[name].config
 
+    def layers(self, flops_per_token: Mapping[int, float] | None = None
+               ) -> dict[int, LayerMetrics]:
+        """Layer-level metrics (token/request share, routing entropy, latency variance,
+        straggler ratio, FLOPs) of each MoE layer; see :func:`layer_metrics`."""
+        return layer_metrics(self.functions, flops_per_token)
 
-class AutoscalePolicy(ABC):
-    """``decide(snapshot, state) -> (decisions, state)``; must not mutate ``state``."""
+
+class Controller(ABC):
+    """``decide(snapshot, state) -> (decisions, state)``; must not mutate ``state``.
+
+    The general control-loop interface: autoscalers (HPA, ElasticMoE, sMoE) decide
+    function configurations; other controllers (e.g. an SLO-aware brownout controller)
+    fit the same shape with their own decision type. ``AutoscalePolicy`` is the older
+    name of this class and stays an alias.
+    """
 
     name: str = "policy"
 
@@ -156,7 +215,10 @@ class AutoscalePolicy(ABC):
         return self.decide(snapshot, state)
 
 
-class StaticPolicy(AutoscalePolicy):
+AutoscalePolicy = Controller  # the older name, kept for existing callers
+
+
+class StaticPolicy(Controller):
     """Never changes anything: the deployment plan as written (ServerlessMoE baseline)."""
 
     name = "static"

@@ -9,8 +9,10 @@ import os
 
 import typer
 
+from moefleet.cli import autoscale as _autoscale
 from moefleet.cli import bench as _bench
 from moefleet.cli import demo as _demo
+from moefleet.cli import export as _export
 from moefleet.cli import generate as _generate
 from moefleet.cli import models as _models
 from moefleet.cli import plan as _plan
@@ -34,6 +36,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(_models.app, name="models")
+app.add_typer(_autoscale.app, name="autoscale")
 app.add_typer(_traces.app, name="traces")
 app.add_typer(_platforms.app, name="platforms")
 _plan.app.command("bo")(_plan_bo.bo_cmd)  # beside `plan show`; its own module (many options)
@@ -46,6 +49,7 @@ app.command("demo")(_demo.demo_cmd)
 app.command("deploy")(_runtime.deploy_cmd)
 app.command("run")(_runtime.run_cmd)
 app.command("simulate")(_simulate.simulate_cmd)
+app.command("export")(_export.export_cmd)
 app.command("generate")(_generate.generate_cmd)
 app.command("serve")(_serve.serve_cmd)
 

@@ -28,7 +28,7 @@ def generate_cmd(
     ignore_eos: Annotated[bool, typer.Option(help="generate max-tokens whatever")] = False,
     stream: Annotated[bool, typer.Option(help="print text as it is generated")] = False,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N")] = "cpu",
-    kernel: Annotated[str, typer.Option(help="expert kernel: stacked or loop")] = "stacked",
+    kernel: Annotated[str, typer.Option(help="expert kernel: auto, stacked or loop")] = "auto",
     max_num_seqs: Annotated[int, typer.Option(help="sequences per step")] = 64,
     json_out: Annotated[bool, typer.Option("--json", help="print JSON on stdout")] = False,
 ) -> None:
@@ -47,8 +47,8 @@ def generate_cmd(
         if not 1 <= num_prompts <= MAX_PROMPTS:
             raise MoefleetError(f"--num-prompts must be in [1, {MAX_PROMPTS}], got "
                                 f"{num_prompts}", "generate in several runs")
-        if kernel not in ("stacked", "loop"):
-            raise MoefleetError(f"unknown --kernel {kernel!r}", "use stacked or loop")
+        if kernel not in ("auto", "stacked", "loop"):
+            raise MoefleetError(f"unknown --kernel {kernel!r}", "use auto, stacked or loop")
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 top_k=top_k, seed=seed, ignore_eos=ignore_eos)
         texts = _prompts(prompt, dataset, num_prompts)

@@ -3,7 +3,7 @@
     Engine.step() = Scheduler.schedule() -> ModelRunner.execute() -> Sampler + update
 """
 
-from moefleet.engine.engine import Engine, EngineStats, StepStats, merge_into
+from moefleet.engine.engine import Engine, EngineStats, StepHook, StepStats, merge_into
 from moefleet.engine.request import (
     EngineError,
     RequestOutput,
@@ -22,5 +22,5 @@ from moefleet.engine.scheduler import (
 __all__ = [
     "Engine", "EngineError", "EngineStats", "LocalRunner", "ModelRunner", "RequestOutput",
     "RequestTimes", "RunnerOutput", "SamplingParams", "ScheduledSeq", "Scheduler",
-    "SchedulerConfig", "SchedulerOutput", "StepStats", "TokenLogprob", "merge_into",
+    "SchedulerConfig", "SchedulerOutput", "StepHook", "StepStats", "TokenLogprob", "merge_into",
 ]

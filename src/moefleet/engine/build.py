@@ -11,7 +11,7 @@ import torch
 from moefleet.engine.engine import Engine
 from moefleet.engine.request import EngineError, RequestOutput
 from moefleet.engine.runner import LocalRunner
-from moefleet.models.base import MoEModelAdapter
+from moefleet.models.base import ExpertFn, MoEModelAdapter
 from moefleet.models.local_experts import Kernel
 
 MAX_NUM_SEQS = 1024  # bounds what a user number can allocate (rows of one step)
@@ -29,9 +29,12 @@ def resolve_device(device: str) -> torch.device:
     raise EngineError(f"unknown device {device!r}", "use cpu, cuda or cuda:N")
 
 
-def build_engine(adapter: MoEModelAdapter, *, device: str = "cpu", kernel: Kernel = "stacked",
+def build_engine(adapter: MoEModelAdapter, *, device: str = "cpu", kernel: Kernel = "auto",
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
-                 kv_budget_bytes: int | None = None, **engine_kw: Any) -> Engine:
+                 kv_budget_bytes: int | None = None, experts: ExpertFn | None = None,
+                 **engine_kw: Any) -> Engine:
+    """An engine over ``adapter``: experts in process with ``kernel``, or through
+    ``experts`` (any ExpertFn: brownout routing, remote functions ...)."""
     if not 1 <= max_num_seqs <= MAX_NUM_SEQS:
         raise EngineError(f"max_num_seqs must be in [1, {MAX_NUM_SEQS}], got {max_num_seqs}",
                           "running sequences share one step; 64 is a good default")
@@ -41,8 +44,8 @@ def build_engine(adapter: MoEModelAdapter, *, device: str = "cpu", kernel: Kerne
     dev = resolve_device(device)
     if dev.type != "cpu":
         adapter.model.to(dev)
-    runner = LocalRunner(adapter, kernel=kernel, kv_budget_bytes=kv_budget_bytes,
-                         max_num_seqs=max_num_seqs)
+    runner = LocalRunner(adapter, experts=experts, kernel=kernel,
+                         kv_budget_bytes=kv_budget_bytes, max_num_seqs=max_num_seqs)
     return Engine(runner, tokenizer=adapter.tokenizer, max_num_seqs=max_num_seqs,
                   max_num_batched_tokens=max_num_batched_tokens, **engine_kw)
 

@@ -13,6 +13,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -26,9 +27,19 @@ from moefleet.engine.request import (
 )
 from moefleet.engine.runner import ModelRunner
 from moefleet.engine.sampler import Sampler, prompt_logprobs
-from moefleet.engine.scheduler import Scheduler, SchedulerConfig
+from moefleet.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
 Clock = Callable[[], float]
+
+
+class StepHook(Protocol):
+    """Seam 3 inside the engine: a controller that sees each step's plan before it runs
+    (e.g. SALC setting a brownout threshold for a prefill or a decode step) and the
+    outputs after it (latencies to learn from). Hooks must not change the schedule."""
+
+    def before_step(self, out: SchedulerOutput, now: float) -> None: ...
+
+    def after_step(self, outputs: list[RequestOutput], now: float) -> None: ...
 
 
 @dataclass
@@ -75,7 +86,8 @@ class Engine:
 
     def __init__(self, runner: ModelRunner, *, tokenizer=None, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 2048, clock: Clock = time.monotonic,
-                 eos_token_id: int | None = None) -> None:
+                 eos_token_id: int | None = None, hooks: list[StepHook] | None = None
+                 ) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(SchedulerConfig(
@@ -87,6 +99,7 @@ class Engine:
         self.eos = eos_token_id if eos_token_id is not None else getattr(
             tokenizer, "eos_token_id", None)
         self.stats = EngineStats()
+        self.hooks: list[StepHook] = list(hooks or [])
         self._live: dict[str, _Live] = {}
         self._ids = itertools.count()
 
@@ -153,6 +166,8 @@ class Engine:
             live = self._live[self.scheduler.seqs[row.seq_id].request_id]
             if live.times.scheduled is None:
                 live.times.scheduled = now
+        for hook in self.hooks:
+            hook.before_step(sched, now)
         res = self.runner.execute(sched)
         seqs = self.scheduler.seqs
         for seq_id, logits_TV in res.prompt_logits.items():
@@ -168,6 +183,8 @@ class Engine:
         now = self.clock()
         outputs = [self._emit(seqs[s], tok, lp, now, s in done)
                    for s, tok, lp in zip(res.sample_ids, tokens, lps, strict=True)]
+        for hook in self.hooks:
+            hook.after_step(outputs, now)
         self.stats.generation_tokens += len(tokens)
         self.stats.record(StepStats(
             len(sched.rows), sched.num_tokens, self.num_running, self.num_waiting,
@@ -201,7 +218,7 @@ class Engine:
                 done, reason = True, "stop"
                 text = live.detok.flush_before_stop()
         out = RequestOutput(seq.request_id, [token], text, done, reason,
-                            [lp] if lp is not None else None,
+                            [lp] if lp is not None else None, times=t,
                             num_prompt_tokens=len(seq.prompt_ids),
                             num_output_tokens=len(seq.output_ids))
         if not live.sent_prompt_logprobs:
@@ -211,7 +228,6 @@ class Engine:
                 out.prompt_logprobs = live.prompt_lps
         if done:
             t.finished = now
-            out.times = t
             self.scheduler.finish(seq.seq_id, reason or "stop")
             self.runner.free([seq.seq_id])
             self.sampler.forget(seq.seq_id)

@@ -156,7 +156,8 @@ class TokenLogprob:
 class RequestOutput:
     """A streamed delta: the tokens and text a request produced since its last output.
     ``prompt_logprobs`` arrives once, with the first delta (None for the first prompt
-    token, which nothing predicts)."""
+    token, which nothing predicts). ``times`` is the request's live clock record
+    (complete, with ``finished``, on the final delta)."""
 
     request_id: str
     new_token_ids: list[int]

@@ -51,7 +51,7 @@ class LocalRunner:
     ``max_num_seqs`` full-length sequences, at most 2 GiB)."""
 
     def __init__(self, adapter: MoEModelAdapter, *, experts: ExpertFn | None = None,
-                 kernel: Kernel = "stacked", kv_budget_bytes: int | None = None,
+                 kernel: Kernel = "auto", kv_budget_bytes: int | None = None,
                  block_size: int = 16, max_num_seqs: int = 64,
                  max_model_len: int | None = None) -> None:
         if not adapter.causal:

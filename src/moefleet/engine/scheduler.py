@@ -58,6 +58,7 @@ class ScheduledSeq:
     start: int
     sample: bool  # the chunk reaches the sequence's end: a token is sampled after it
     prompt_logprobs: bool  # the runner returns logits at every position of the chunk
+    prefill: bool = False  # the chunk computes prompt tokens (a first pass or a recompute)
 
 
 @dataclass
@@ -74,6 +75,10 @@ class SchedulerOutput:
     @property
     def empty(self) -> bool:
         return not self.rows
+
+    @property
+    def has_prefill(self) -> bool:
+        return any(r.prefill for r in self.rows)
 
 
 class Scheduler:
@@ -155,7 +160,7 @@ class Scheduler:
         ids = seq.token_ids[start: start + tokens]
         want_prompt = seq.params.prompt_logprobs and not seq.prompt_logprobs_done
         return ScheduledSeq(seq.seq_id, ids, start, start + tokens == seq.num_tokens,
-                            want_prompt)
+                            want_prompt, start < len(seq.prompt_ids) or tokens > 1)
 
     def schedule(self) -> SchedulerOutput:
         cfg = self.config

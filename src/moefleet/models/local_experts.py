@@ -17,12 +17,21 @@ import torch
 from moefleet.errors import MoefleetError
 from moefleet.models.base import ExpertFn, MoEModelAdapter
 
-Kernel = Literal["loop", "stacked"]
-KERNELS: tuple[Kernel, ...] = ("loop", "stacked")
+Kernel = Literal["auto", "loop", "stacked"]
+KERNELS: tuple[Kernel, ...] = ("auto", "loop", "stacked")
 
 
-def local_experts(adapter: MoEModelAdapter, kernel: Kernel = "stacked") -> ExpertFn:
-    """Every routed expert of ``adapter`` in this process, computed with ``kernel``."""
+def local_experts(adapter: MoEModelAdapter, kernel: Kernel = "auto") -> ExpertFn:
+    """Every routed expert of ``adapter`` in this process, computed with ``kernel``.
+
+    ``auto``: the stacked kernel on a GPU (one launch instead of one per expert) and
+    the loop on a CPU, where launches are cheap and the stacked kernel's padding to the
+    largest group is wasted arithmetic (measured: benchmarks/engine_throughput.py).
+    """
+    if kernel == "auto":
+        on_gpu = adapter.device.type != "cpu"
+        kernel = "stacked" if on_gpu and adapter.stacked_experts(adapter.moe_layers[0]) \
+            is not None else "loop"
     if kernel == "loop":
         return adapter.local_expert_fn()
     if kernel != "stacked":

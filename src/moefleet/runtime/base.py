@@ -26,12 +26,14 @@ Units: memory MB, time seconds, sizes bytes.
 
 from __future__ import annotations
 
+import logging
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from moefleet.autoscale.base import FunctionConfig
 from moefleet.errors import MoefleetError, UnknownNameError
 from moefleet.platform import InvocationRecord, PlatformSpec
 from moefleet.runtime.errors import (
@@ -45,6 +47,8 @@ from moefleet.runtime.errors import (
 
 FunctionKind = Literal["segment", "expert", "aux"]
 _KINDS = ("segment", "expert", "aux")
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -265,6 +269,38 @@ class FunctionBackend(ABC):
         the platform's synchronous payload limit, unless the backend's wire format
         inflates packets (aws: base64 inside a JSON event) and overrides this."""
         return payload_limit(self.platform)
+
+    def reconfigure(self, name: str, config: FunctionConfig,
+                    vcpus: float | None = None) -> FunctionSpec:
+        """Apply a controller's decision to a deployed function (one implementation for
+        every backend, through ``deploy`` and ``scale``). A memory or vCPU change
+        redeploys the function, so its next calls start cold on the new size; replicas
+        and concurrency go through ``scale`` (warm instances stay). A value outside the
+        platform's limits is clamped to them and logged, never applied raw. GPU share
+        is not a FunctionSpec field yet (no backend here runs GPU functions)."""
+        cur = self.spec(name)
+        limits = self.platform.limits
+        mem = config.memory_mb
+        memory = self.platform.memory
+        if memory is not None:
+            if mem > memory.highest_mb:
+                mem = memory.highest_mb
+            elif not self.platform.is_valid_memory(mem):
+                mem = self.platform.round_up_memory(mem)
+        replicas, concurrency = config.replicas, config.concurrency
+        if limits is not None:
+            replicas = min(replicas, limits.max_replicas)
+            concurrency = min(concurrency, limits.max_concurrency_per_instance)
+        clamped = (mem, replicas, concurrency) != (config.memory_mb, config.replicas,
+                                                   config.concurrency)
+        if clamped:
+            _log.warning("%s: decision %s clamped to the %s limits: memory %d MB, "
+                         "%d replicas, concurrency %d", name, config, self.platform.name,
+                         mem, replicas, concurrency)
+        if mem != cur.memory_mb or (vcpus is not None and vcpus != cur.vcpus):
+            self.deploy(replace(cur, memory_mb=mem, vcpus=vcpus, replicas=replicas,
+                                concurrency=concurrency))
+        return self.scale(name, replicas=replicas, concurrency=concurrency)
 
     def spec(self, name: str) -> FunctionSpec:
         specs = self.functions()

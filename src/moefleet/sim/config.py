@@ -42,11 +42,13 @@ class SimConfig:
                   for a free slot; this is what autoscale policies resize.
     keep_alive_s  an idle instance dies this long after its last call (scale to zero).
                   Not in PlatformSpec yet; 600 s is in the range providers use.
-    decode        ``batched``: decode steps of all generating requests share one
-                  pipeline pass per step (continuous batching, up to
-                  ``max_decode_batch`` tokens); ``per-request``: every request runs its
-                  own G one-token passes. Either way a request with G output tokens
-                  takes G decode steps after its prefill.
+    decode        ``batched``: requests join an engine replica (the engine's own
+                  Scheduler: FCFS continuous batching, up to ``max_decode_batch``
+                  sequences, ``max_batched_tokens`` per step (None: no chunking));
+                  every step is one pipeline pass of its tokens, prefills and decodes
+                  together; a full replica opens another. ``per-request``: every
+                  request runs its own passes. Either way the prefill pass yields the
+                  first output token and each further token takes one decode step.
     interval_s    metrics / timeline / policy interval.
     apply_delay_s a policy decision takes effect this much later (config propagation);
                   new instances then cold-start on first use.
@@ -74,6 +76,7 @@ class SimConfig:
     concurrency: int = 1
     decode: DecodeMode = "batched"
     max_decode_batch: int = 256
+    max_batched_tokens: int | None = None
     prompt_tokens: int = 128
     output_tokens: int = 0
     slo_s: float | None = None
@@ -116,6 +119,9 @@ class SimConfig:
         if self.result_bytes_per_token is not None and self.result_bytes_per_token < 1:
             raise SimError(f"result_bytes_per_token must be >= 1, got "
                            f"{self.result_bytes_per_token!r}")
+        if self.max_batched_tokens is not None and self.max_batched_tokens < 1:
+            raise SimError(f"max_batched_tokens must be >= 1 (or None), got "
+                           f"{self.max_batched_tokens!r}")
         if self.node_slots is not None and self.node_slots < 1:
             raise SimError(f"node_slots must be >= 1 (or None), got {self.node_slots!r}")
         if self.output_tokens < 0:

@@ -96,7 +96,25 @@ class FunctionPool:
         self.rate = self.spec.compute_cost(config.memory_mb, 1.0)  # USD per billed second
         self.concurrency = config.concurrency
         self.cap = self.platform_cap if self.on_demand else config.replicas
+        if not self.on_demand:
+            self._shrink(self.env.now)
         self._drain(self.env.now)
+
+    def _shrink(self, now: float) -> None:
+        """Pods: a scale-down terminates idle instances above the new replica count now
+        (busy ones retire when their calls finish, in ``finish``)."""
+        extra = self.n_live - self.cap
+        if extra <= 0:
+            return
+        keep: list[Instance] = []
+        for inst in self.avail:
+            if extra > 0 and not inst.dead and inst.active == 0:
+                inst.in_avail = False
+                self._kill(inst, now)
+                extra -= 1
+            elif not inst.dead:
+                keep.append(inst)
+        self.avail = keep
 
     def prewarm(self, count: int) -> None:
         """``count`` instances warm at the current time (provisioned, init not billed)."""

@@ -28,6 +28,7 @@ from moefleet.autoscale.base import (
     MetricsSnapshot,
     PolicyState,
 )
+from moefleet.engine.scheduler import SchedulerOutput
 from moefleet.errors import DataError, MoefleetError
 from moefleet.models.shape import ModelShape
 from moefleet.plan.plan import DeploymentPlan, PlanError
@@ -36,6 +37,7 @@ from moefleet.platform.catalog import load_platform
 from moefleet.platform.specs import PlatformSpec
 from moefleet.profiles.model import ComputeProfile
 from moefleet.sim.config import SimConfig, SimError
+from moefleet.sim.engine_sim import SimEngine, sim_scheduler_config
 from moefleet.sim.metrics import IntervalStats, RequestStats, percentile
 from moefleet.sim.pipeline import Pipeline
 from moefleet.sim.result import SimResult, build_result
@@ -43,26 +45,6 @@ from moefleet.sim.routing import DistributionRouter, Router
 from moefleet.workloads.base import Arrival, Workload
 
 ProgressFn = Callable[[float, float], None]  # (simulated seconds, horizon seconds)
-
-
-class _Seq:
-    """A request in the decode phase: steps left, and the event its process waits on."""
-
-    __slots__ = ("done", "left")
-
-    def __init__(self, env: simpy.Environment, steps: int) -> None:
-        self.left = steps
-        self.done = simpy.Event(env)
-
-
-class _Group:
-    """A decode batch: its members step together; joiners wait for the next step."""
-
-    __slots__ = ("joining", "members")
-
-    def __init__(self, first: _Seq) -> None:
-        self.members: list[_Seq] = []
-        self.joining: list[_Seq] = [first]
 
 
 class Simulator:
@@ -128,7 +110,7 @@ class Simulator:
         self.timeline: list[dict[str, Any]] = []
         self.request_log: list[dict[str, Any]] = []
         self.reconfigurations = 0
-        self._groups: list[_Group] = []
+        self._replicas: list[SimEngine] = []
         self._policy_state: PolicyState = (self.policy.initial_state()
                                            if self.policy is not None else None)
         env.process(self._arrivals(arrivals))
@@ -155,16 +137,17 @@ class Simulator:
         self.in_flight += 1
         self.stats.arrived += 1
         self.interval.arrivals += 1
-        yield from self.pipe.run_pass(prompt, a.request_id)
-        t_first = env.now
-        if out:
-            if cfg.decode == "batched":
-                seq = _Seq(env, out)
-                self._join(seq)
-                yield seq.done
-            else:
-                for _ in range(out):
-                    yield from self.pipe.run_pass(1, a.request_id)
+        if out and cfg.decode == "batched":
+            req = self._replica().add(a.request_id, prompt, out)
+            yield req.done
+            assert req.first_token is not None
+            t_first = req.first_token
+        else:
+            # no batching: the prefill pass yields the first token, then one pass each
+            yield from self.pipe.run_pass(prompt, a.request_id)
+            t_first = env.now
+            for _ in range(out - 1):
+                yield from self.pipe.run_pass(1, a.request_id)
         self._complete(env.now - t0, t_first - t0, out, prompt)
         if cfg.keep_requests:
             self.request_log.append({"request_id": a.request_id, "t_s": t0,
@@ -179,8 +162,9 @@ class Simulator:
         st.output_tokens += out
         st.latency.add(latency)
         st.ttft.add(ttft)
-        tpot = (latency - ttft) / out if out else 0.0
-        if out:
+        # time per output token after the first, as the engine reports it
+        tpot = (latency - ttft) / (out - 1) if out > 1 else 0.0
+        if out > 1:
             st.tpot.add(tpot)
         bad = (cfg.slo_s is not None and latency > cfg.slo_s) or (
             cfg.ttft_slo_s is not None and ttft > cfg.ttft_slo_s) or (
@@ -191,33 +175,21 @@ class Simulator:
         iv.violations += 1 if bad else 0
         iv.latencies.append(latency)
 
-    # ---- batched decode (continuous batching: one token per running request per step) --
-    def _join(self, seq: _Seq) -> None:
-        """Add a request to the first decode group with room, or open a new group. Every
-        group runs its own step loop, so groups proceed concurrently (functions scale)."""
+    # ---- batched generation: the engine's scheduler, one per replica ------------------
+    def _replica(self) -> SimEngine:
+        """The first engine replica with room, or a new one: each runs its own step loop,
+        so replicas proceed concurrently (functions scale)."""
         cap = self.config.max_decode_batch
-        for g in self._groups:
-            if len(g.members) + len(g.joining) < cap:
-                g.joining.append(seq)
-                return
-        group = _Group(seq)
-        self._groups.append(group)
-        self.env.process(self._decode_loop(group))
+        for r in self._replicas:
+            if r.load < cap:
+                return r
+        replica = SimEngine(self.env, sim_scheduler_config(cap, self.config.max_batched_tokens),
+                            self._pass)
+        self._replicas.append(replica)
+        return replica
 
-    def _decode_loop(self, g: _Group) -> Generator[simpy.Event, Any, None]:
-        while g.members or g.joining:
-            g.members.extend(g.joining)  # joiners enter at the next step boundary
-            g.joining = []
-            yield from self.pipe.run_pass(len(g.members), None)
-            keep: list[_Seq] = []
-            for s in g.members:
-                s.left -= 1
-                if s.left:
-                    keep.append(s)
-                else:
-                    s.done.succeed()
-            g.members = keep
-        self._groups.remove(g)
+    def _pass(self, out: SchedulerOutput) -> Generator[simpy.Event, Any, None]:
+        yield from self.pipe.run_pass(out.num_tokens, None)
 
     # ---- control: metrics, timeline, policy ------------------------------------------
     def _control(self, horizon: float,

@@ -1,0 +1,280 @@
+"""DDPG for sMoE: actor + critic with target networks, a replay memory, and the
+controller that acts (and optionally learns) once per control interval.
+
+The MDP (our reading of the paper's section 4.4): within a timestep the agent decides
+the decision groups one after the other (MoE layers in order, then the segments); the
+state does not change between them. Group g gets reward r_g = -beta * cost_g /
+cost_ref_g; the last group also gets (SLO - P95) / SLO when P95 > SLO (eq. 13, both
+terms made unit-free so one beta fits every model). The TD target of group g < G-1 is
+``r_g + gamma * Q'(s_t, g+1, pi'(s_t))``; of the last group
+``r_G + gamma * Q'(s_{t+1}, 0, pi'(s_{t+1}))``, so the SLO term reaches every layer.
+
+Training feeds the critic the *soft* action (softmax over valid scores), so the actor
+loss -Q(s, softmax(actor(s))) has a gradient; the arg-max is used only to act. The
+critic learns from the executed (one-hot) actions in the replay memory.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from moefleet.autoscale.base import (
+    AutoscalePolicy,
+    Decisions,
+    MetricsSnapshot,
+    PolicyState,
+)
+from moefleet.autoscale.smoe.graph import NUM_FEATURES, PipelineDAG, node_features
+from moefleet.autoscale.smoe.nets import ActorSpec, SmoeActor, SmoeCritic, soft_action
+from moefleet.autoscale.smoe.space import ConfigSpace
+
+
+@dataclass(frozen=True)
+class DDPGConfig:
+    gamma: float = 0.9
+    tau: float = 0.02
+    actor_lr: float = 3e-4
+    critic_lr: float = 1e-3
+    batch_size: int = 16
+    replay_size: int = 20_000
+    warmup: int = 64  # transitions before the first update
+    updates_per_step: int = 1
+    beta: float = 0.1  # the reward's cost coefficient (eq. 13)
+    slo_penalty_cap: float = 10.0  # the SLO term is clipped at -cap (units of the SLO)
+    temperature: float = 1.0
+    epsilon: float = 0.1  # exploration: chance a function takes a random valid config
+    epsilon_min: float = 0.02
+    epsilon_decay: float = 0.995  # per control interval
+    bc_weight: float = 1.0  # imitation of demonstration transitions, fading out ...
+    bc_updates: int = 3000  # ... linearly over this many updates
+
+
+@dataclass
+class Transition:
+    x_NF: torch.Tensor
+    valid_NC: torch.Tensor
+    action_N: torch.Tensor
+    reward_G: torch.Tensor
+    x2_NF: torch.Tensor
+    valid2_NC: torch.Tensor
+    demo: bool = False  # the action came from a demonstrating controller
+
+
+def group_rewards(dag: PipelineDAG, snap: MetricsSnapshot, slo_s: float,
+                  price_per_s: Callable[[int], float], cfg: DDPGConfig) -> torch.Tensor:
+    """Eq. 13 per decision group from the snapshot of the interval the action ran in.
+    Cost of a function = its alive-instance seconds x the price per second of its
+    memory (pods hold their request while alive); the reference is one 1024 MB
+    instance per function for the interval."""
+    ref = price_per_s(1024) * snap.interval_s
+    out = torch.zeros(len(dag.groups))
+    for gi, g in enumerate(dag.groups):
+        cost = sum(snap.functions[dag.names[v]].instance_s
+                   * price_per_s(snap.functions[dag.names[v]].config.memory_mb) for v in g)
+        out[gi] = -cfg.beta * cost / (ref * len(g))
+    out[-1] += slo_term(snap, slo_s, cfg.slo_penalty_cap)
+    return out
+
+
+def slo_term(snap: MetricsSnapshot, slo_s: float, cap: float) -> float:
+    """(SLO - P95) / SLO when P95 exceeds the SLO, else 0. An interval that completed
+    nothing while requests wait counts its whole length as the P95 (stalling must not
+    look free)."""
+    p95 = snap.p95_latency_s
+    if snap.completions == 0 and snap.in_flight_requests > 0:
+        p95 = max(p95, snap.interval_s)
+    if p95 <= slo_s:
+        return 0.0
+    return max(-cap, (slo_s - p95) / slo_s)
+
+
+class SmoeAgent:
+    """Networks, targets, optimisers and replay for one (pipeline, config space)."""
+
+    def __init__(self, dag: PipelineDAG, space: ConfigSpace, spec: ActorSpec | None = None,
+                 ddpg: DDPGConfig | None = None, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.rng = random.Random(seed)
+        self.dag, self.space = dag, space
+        self.spec = spec or ActorSpec()
+        self.cfg = ddpg or DDPGConfig()
+        gidx, gmask = dag.group_index()
+        cvec = space.vectors()
+        self.actor = SmoeActor(self.spec, NUM_FEATURES, dag.pred_mask(), dag.levels(), gidx,
+                               gmask, cvec)
+        self.critic = SmoeCritic(NUM_FEATURES, max(self.spec.hidden, 32), gidx, gmask, cvec)
+        self.actor_t = copy.deepcopy(self.actor)
+        self.critic_t = copy.deepcopy(self.critic)
+        for p in (*self.actor_t.parameters(), *self.critic_t.parameters()):
+            p.requires_grad_(False)
+        self.opt_a = torch.optim.Adam(self.actor.parameters(), lr=self.cfg.actor_lr)
+        self.opt_c = torch.optim.Adam(self.critic.parameters(), lr=self.cfg.critic_lr)
+        self.replay: deque[Transition] = deque(maxlen=self.cfg.replay_size)
+        self.epsilon = self.cfg.epsilon
+        self.steps = 0
+        self.updates = 0
+
+    # ---- acting ---------------------------------------------------------------------
+    @torch.no_grad()
+    def act(self, x_NF: torch.Tensor, valid_NC: torch.Tensor, explore: bool) -> torch.Tensor:
+        """Config index per node: the arg-max of the scores (never an invalid one)."""
+        scores_NC = self.actor(x_NF[None], valid_NC[None])[0]
+        action_N = scores_NC.argmax(dim=-1)
+        return self.explore(action_N, valid_NC) if explore else action_N
+
+    def explore(self, action_N: torch.Tensor, valid_NC: torch.Tensor) -> torch.Tensor:
+        """Epsilon-greedy over valid configs; an invalid given action becomes valid."""
+        action_N = action_N.clone()
+        for v in range(action_N.shape[0]):
+            if self.rng.random() < self.epsilon or not bool(valid_NC[v, action_N[v]]):
+                choices = torch.nonzero(valid_NC[v]).flatten().tolist()
+                action_N[v] = self.rng.choice(choices)
+        return action_N
+
+    # ---- learning -------------------------------------------------------------------
+    def remember(self, t: Transition) -> None:
+        self.replay.append(t)
+
+    def update(self) -> dict[str, float]:
+        """One DDPG step on a replay batch (no-op before ``warmup`` transitions)."""
+        cfg = self.cfg
+        if len(self.replay) < max(cfg.warmup, cfg.batch_size):
+            return {}
+        batch = self.rng.sample(list(self.replay), cfg.batch_size)
+        x = torch.stack([t.x_NF for t in batch])
+        valid = torch.stack([t.valid_NC for t in batch])
+        act = torch.stack([t.action_N for t in batch])
+        r_BG = torch.stack([t.reward_G for t in batch])
+        x2 = torch.stack([t.x2_NF for t in batch])
+        valid2 = torch.stack([t.valid2_NC for t in batch])
+        C = valid.shape[-1]
+        a_onehot = nn.functional.one_hot(act, C).float()
+        with torch.no_grad():
+            q_same = self.critic_t(x, soft_action(self.actor_t(x, valid), cfg.temperature))
+            q_next = self.critic_t(x2, soft_action(self.actor_t(x2, valid2), cfg.temperature))
+            # Group g bootstraps from group g+1 at the same t; the last from group 0 at t+1.
+            boot_BG = torch.cat([q_same[:, 1:], q_next[:, :1]], dim=1)
+            y_BG = r_BG + cfg.gamma * boot_BG
+        q_BG = self.critic(x, a_onehot)
+        loss_c = nn.functional.mse_loss(q_BG, y_BG)
+        self.opt_c.zero_grad()
+        loss_c.backward()
+        nn.utils.clip_grad_norm_(self.critic.parameters(), 5.0)
+        self.opt_c.step()
+        loss_a = self.actor_loss(x, valid)
+        demo_B = torch.tensor([t.demo for t in batch])
+        bc_w = cfg.bc_weight * max(0.0, 1.0 - self.updates / max(cfg.bc_updates, 1))
+        if bc_w > 0 and bool(demo_B.any()):
+            # Warm start from logged experience: cross-entropy toward the demonstrated
+            # configs (valid by construction), fading out so the critic takes over.
+            logp_BNC = torch.log_softmax(self.actor(x[demo_B], valid[demo_B]), dim=-1)
+            nll = -logp_BNC.gather(-1, act[demo_B][..., None]).mean()
+            loss_a = loss_a + bc_w * nll
+        self.opt_a.zero_grad()
+        loss_a.backward()
+        nn.utils.clip_grad_norm_(self.actor.parameters(), 5.0)
+        self.opt_a.step()
+        self._soft_update()
+        self.updates += 1
+        return {"critic_loss": loss_c.item(), "actor_loss": loss_a.item()}
+
+    def actor_loss(self, x_BNF: torch.Tensor, valid_BNC: torch.Tensor) -> torch.Tensor:
+        """-Q(s, softmax(actor(s))): the deterministic policy gradient through the soft
+        action (eq. 14); the critic's parameters are not stepped by this loss."""
+        a_BNC = soft_action(self.actor(x_BNF, valid_BNC), self.cfg.temperature)
+        return -self.critic(x_BNF, a_BNC).mean()
+
+    def _soft_update(self) -> None:
+        tau = self.cfg.tau
+        with torch.no_grad():
+            for net, tgt in ((self.actor, self.actor_t), (self.critic, self.critic_t)):
+                for p, pt in zip(net.parameters(), tgt.parameters(), strict=True):
+                    pt.mul_(1 - tau).add_(p, alpha=tau)
+
+    def decay_epsilon(self) -> None:
+        self.epsilon = max(self.cfg.epsilon_min, self.epsilon * self.cfg.epsilon_decay)
+
+
+@dataclass(frozen=True)
+class _Prev:
+    x_NF: torch.Tensor
+    valid_NC: torch.Tensor
+    action_N: torch.Tensor
+    demo: bool = False
+
+
+@dataclass
+class StepLog:
+    rewards: list[float] = field(default_factory=list)
+    losses: list[dict[str, float]] = field(default_factory=list)
+    decide_s: list[float] = field(default_factory=list)
+
+
+class SmoeController(AutoscalePolicy):
+    """The sMoE controller: ``decide(snapshot, state)`` builds features, masks invalid
+    configs, takes the arg-max config of every function and returns those that change.
+    With ``learn=True`` it also turns each snapshot into the reward of the previous
+    decision, stores the transition and runs DDPG updates (the agent's weights and
+    replay are the mutable part; the returned state stays an immutable value)."""
+
+    name = "smoe"
+
+    def __init__(self, agent: SmoeAgent, slo_s: float, price_per_s: Callable[[int], float],
+                 *, learn: bool = False, behaviour: AutoscalePolicy | None = None) -> None:
+        if not (math.isfinite(slo_s) and slo_s > 0):
+            from moefleet.autoscale.base import AutoscaleError
+
+            raise AutoscaleError(f"SLO must be > 0 s, got {slo_s!r}")
+        self.agent, self.slo_s, self.price_per_s, self.learn = agent, slo_s, price_per_s, learn
+        self.configs = agent.space.configs
+        sp = agent.space
+        self.options = (sp.memory_mb, sp.replicas, sp.concurrency)
+        self.log = StepLog()
+        self.behaviour = behaviour  # acts instead of the actor (logged experience)
+
+    def initial_state(self) -> PolicyState:
+        return (None, self.behaviour.initial_state() if self.behaviour is not None else None)
+
+    def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
+                                                                             PolicyState]:
+        import time
+
+        t0 = time.perf_counter()
+        ag = self.agent
+        x_NF, peak_N = node_features(ag.dag, snapshot, self.slo_s, self.options)
+        valid_NC = ag.space.valid_mask(torch.tensor(ag.dag.param_bytes), peak_N,
+                                       ag.dag.bytes_per_token)
+        prev, b_state = state if isinstance(state, tuple) else (state, None)
+        if self.learn and isinstance(prev, _Prev):
+            r_G = group_rewards(ag.dag, snapshot, self.slo_s, self.price_per_s, ag.cfg)
+            self.log.rewards.append(float(r_G.sum()))
+            ag.remember(Transition(prev.x_NF, prev.valid_NC, prev.action_N, r_G, x_NF,
+                                   valid_NC, prev.demo))
+            for _ in range(ag.cfg.updates_per_step):
+                out = ag.update()
+                if out:
+                    self.log.losses.append(out)
+            ag.decay_epsilon()
+        if self.behaviour is not None:
+            wanted, b_state = self.behaviour.decide(snapshot, b_state)
+            action_N = torch.tensor([
+                ag.space.index_of(wanted.get(n, snapshot.functions[n].config))
+                for n in ag.dag.names])
+            action_N = ag.explore(action_N, valid_NC) if self.learn else action_N
+        else:
+            action_N = ag.act(x_NF, valid_NC, explore=self.learn)
+        out_d: Decisions = {}
+        for v, name in enumerate(ag.dag.names):
+            cfg = self.configs[int(action_N[v])]
+            if cfg != snapshot.functions[name].config:
+                out_d[name] = cfg
+        self.log.decide_s.append(time.perf_counter() - t0)
+        return out_d, (_Prev(x_NF, valid_NC, action_N, self.behaviour is not None), b_state)

@@ -1,0 +1,187 @@
+"""One harness for sMoE, its ablations and the baselines: the same model, platform,
+plan, workload windows and cost accounting for every controller.
+
+Scenario: a ``synthetic:`` model (or any profile) on ``openfaas-k8s`` (pods: a
+function has at most ``replicas`` instances, each running up to ``concurrency`` calls),
+encoder-style requests (one pass of ``prompt_tokens``), the ODS plan at the SLO as the
+starting deployment (ServerlessMoE's static configuration). Cost of an interval =
+sum over functions of alive-instance seconds x the platform's price per second of the
+function's memory (and the vCPUs it implies): a pod holds its request while alive. This
+is the cost every controller is compared on (``IntervalLog``); the simulator's own
+per-call bill is reported beside it.
+
+Workloads: Azure Functions 2019 windows of one pattern (slow / normal / bursty by
+inter-arrival CV, :func:`moefleet.workloads.windows.find_windows`), rescaled to
+``mean_rps`` so that every pattern loads the pipeline alike.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from moefleet.autoscale.base import (
+    AutoscaleError,
+    AutoscalePolicy,
+    Decisions,
+    FunctionConfig,
+    MetricsSnapshot,
+    PolicyState,
+)
+from moefleet.plan.plan import DeploymentPlan
+from moefleet.platform.catalog import load_platform
+from moefleet.platform.specs import PlatformSpec
+from moefleet.profiles.model import ComputeProfile
+from moefleet.sim.synthetic import parse_synthetic
+from moefleet.workloads.base import Arrival
+from moefleet.workloads.windows import FunctionWindow, find_windows
+
+DEFAULT_MODEL = "synthetic:blocks=4,experts=8,top_k=2,hidden=512,decoder=0"
+
+
+@dataclass
+class Scenario:
+    model: str
+    profile: ComputeProfile
+    spec: PlatformSpec
+    plan: DeploymentPlan
+    slo_s: float
+    interval_s: float = 10.0
+    prompt_tokens: int = 64
+    top_k: int = 2
+    segment_replicas: int = 2  # the static plan's segment pods (the plan has no field)
+
+    def price_per_s(self, memory_mb: int) -> float:
+        return self.spec.compute_cost(memory_mb, 1.0)
+
+
+def build_scenario(model: str = DEFAULT_MODEL, *, slo_s: float = 0.3,
+                   platform: str = "openfaas-k8s", interval_s: float = 10.0,
+                   prompt_tokens: int = 64, segment_memory_mb: int = 4096,
+                   expert_memory_mb: int = 1024, replicas: int = 2,
+                   segment_replicas: int = 2) -> Scenario:
+    """The scenario. The starting plan is uniform (``segment_memory_mb`` per segment,
+    ``expert_memory_mb`` x ``replicas`` per expert; ``segment_replicas`` segment pods);
+    :func:`moefleet.autoscale.smoe.baselines.search_static` picks the static baseline's
+    values offline. (The ODS plan, solved for on-demand invocations, is reported
+    separately by the benchmark: its small experts are not a pod deployment.)"""
+    if not (math.isfinite(interval_s) and interval_s > 0):
+        raise AutoscaleError(f"control interval must be > 0 s, got {interval_s!r}",
+                             "pass e.g. --interval 10")
+    if not (math.isfinite(slo_s) and slo_s > 0):
+        raise AutoscaleError(f"SLO must be > 0 s, got {slo_s!r}", "pass e.g. --slo 0.3")
+    synth = parse_synthetic(model)
+    profile = synth.profile()
+    spec = load_platform(platform)
+    experts = [synth.experts] * len(profile.moe_layers)
+    plan = DeploymentPlan.uniform(synth.name, spec.name, list(profile.moe_layers), experts,
+                                  len(profile.segments), expert_memory_mb, "direct",
+                                  replicas=replicas, segment_memory_mb=segment_memory_mb,
+                                  policy="static")
+    return Scenario(synth.name, profile, spec, plan, slo_s, interval_s, prompt_tokens,
+                    synth.top_k, segment_replicas)
+
+
+def pattern_windows(pattern: str, *, minutes: int, limit: int | None = None,
+                    path: str | None = None) -> list[FunctionWindow]:
+    """Windows of a pattern, at least one arrival per minute on average; a pattern with
+    none is an error naming it."""
+    found = find_windows(pattern, window_minutes=minutes, min_arrivals=max(60, minutes),  # type: ignore[arg-type]
+                         path=path)
+    if not found:
+        raise AutoscaleError(f"no {minutes}-minute Azure Functions windows with pattern "
+                             f"{pattern!r}", "use slow, normal or bursty")
+    return found if limit is None else found[:limit]
+
+
+def window_arrivals(w: FunctionWindow, mean_rps: float, seed: int,
+                    path: str | None = None) -> tuple[list[Arrival], float]:
+    """The window's arrivals rescaled to ``mean_rps`` on average, and its duration."""
+    duration = w.minutes * 60.0
+    scale = mean_rps * duration / max(w.arrivals, 1)
+    return w.workload(path, scale=scale).arrivals(duration, seed), duration
+
+
+@dataclass
+class IntervalLog:
+    """What the harness records at every control interval (one row per snapshot)."""
+
+    t_s: list[float] = field(default_factory=list)
+    cost_usd: list[float] = field(default_factory=list)
+    p95_s: list[float] = field(default_factory=list)
+    completions: list[int] = field(default_factory=list)
+    decide_s: list[float] = field(default_factory=list)
+
+
+class Recorder(AutoscalePolicy):
+    """Wraps a controller: logs the interval's provisioned cost and P95, times the
+    decision, and (``initial``) applies the static plan's segment pods once first."""
+
+    def __init__(self, inner: AutoscalePolicy | None, price_per_s: Callable[[int], float],
+                 initial: Decisions | None = None) -> None:
+        self.inner = inner
+        self.price_per_s = price_per_s
+        self.initial = dict(initial or {})
+        self.log = IntervalLog()
+        self.name = inner.name if inner is not None else "static"
+
+    def initial_state(self) -> PolicyState:
+        return (False, self.inner.initial_state() if self.inner is not None else None)
+
+    def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
+                                                                             PolicyState]:
+        started, inner_state = state
+        log = self.log
+        log.t_s.append(snapshot.t_s)
+        log.cost_usd.append(sum(m.instance_s * self.price_per_s(m.config.memory_mb)
+                                for m in snapshot.functions.values()))
+        log.p95_s.append(snapshot.p95_latency_s)
+        log.completions.append(snapshot.completions)
+        out: Decisions = {}
+        if not started and self.initial:
+            out.update({k: v for k, v in self.initial.items()
+                        if snapshot.functions[k].config != v})
+        if self.inner is not None:
+            t0 = time.perf_counter()
+            dec, inner_state = self.inner.decide(snapshot, inner_state)
+            log.decide_s.append(time.perf_counter() - t0)
+            out.update(dec)
+        return out, (True, inner_state)
+
+
+def segment_start(sc: Scenario) -> Decisions:
+    """The static plan's segment configs with its segment pods (the plan stores only
+    their memory)."""
+    return {f.name: FunctionConfig(f.memory_mb, sc.segment_replicas, 1)
+            for f in sc.plan.placement().segments}
+
+
+def run_episode(sc: Scenario, controller: AutoscalePolicy | None, arrivals: list[Arrival],
+                duration_s: float, seed: int = 0) -> dict[str, Any]:
+    """Simulate one window under ``controller`` (None = the static plan); returns cost,
+    P95 over the whole window, per-interval P95s and decision latencies."""
+    from moefleet.sim import DistributionRouter, SimConfig, Simulator
+
+    rec = Recorder(controller, sc.price_per_s, segment_start(sc))
+    cfg = SimConfig(scaling="replicas", keep_alive_s=1e9, prompt_tokens=sc.prompt_tokens,
+                    slo_s=sc.slo_s, interval_s=sc.interval_s, apply_delay_s=1.0,
+                    prewarm=True)
+    router = DistributionRouter.uniform([len(lp.experts) for lp in sc.plan.layers], sc.top_k)
+    sim = Simulator(sc.plan, sc.profile, sc.spec, router=router, config=cfg, policy=rec,
+                    seed=seed, decoder=False)
+    res = sim.run(arrivals, duration_s)
+    log = rec.log
+    served = [p for p, c in zip(log.p95_s, log.completions, strict=True) if c > 0]
+    return {
+        "cost_usd": float(sum(log.cost_usd)),
+        "sim_billed_usd": float(res.cost_usd),
+        "p95_s": float(res.latency["p95"] or 0.0),
+        "window_p95_s": served,
+        "completed": int(res.requests["completed"]),
+        "arrived": len(arrivals),
+        "decide_s": log.decide_s,
+        "intervals": len(log.t_s),
+    }

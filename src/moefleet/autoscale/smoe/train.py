@@ -1,0 +1,210 @@
+"""Offline training of sMoE in the simulator, checkpoints, and evaluation.
+
+Training: episodes replay Azure Functions 2019 windows (slow / normal / bursty,
+round-robin over the patterns, windows drawn with the seed) through the harness with a
+learning :class:`SmoeController`; every control interval adds one transition per
+snapshot and runs DDPG updates. Deterministic for a seed on one machine (torch CPU
+kernels, one thread). A checkpoint records the scenario (model, SLO, interval, prompt),
+the DAG fingerprint and the config space; loading it for another model or config space
+is an :class:`AutoscaleError`. Resuming continues the episode count, the exploration
+rate and the optimiser state; the replay memory keeps its newest ``REPLAY_SAVED``
+transitions (the rest would make checkpoints hundreds of MB).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from moefleet.autoscale.base import AutoscaleError, AutoscalePolicy
+from moefleet.autoscale.smoe.agent import DDPGConfig, SmoeAgent, SmoeController, Transition
+from moefleet.autoscale.smoe.graph import PipelineDAG
+from moefleet.autoscale.smoe.harness import (
+    DEFAULT_MODEL,
+    Scenario,
+    build_scenario,
+    pattern_windows,
+    run_episode,
+    window_arrivals,
+)
+from moefleet.autoscale.smoe.nets import ActorSpec
+from moefleet.autoscale.smoe.space import ConfigSpace
+from moefleet.io import atomic_path
+
+FORMAT = 1
+REPLAY_SAVED = 1000
+TRAIN_PATTERNS = ("bursty", "normal", "slow")
+
+
+@dataclass(frozen=True)
+class TrainSetup:
+    """Everything a checkpoint must agree with to be reused."""
+
+    model: str = DEFAULT_MODEL
+    slo_s: float = 0.3
+    interval_s: float = 10.0
+    prompt_tokens: int = 64
+    mean_rps: float = 3.0
+    window_minutes: int = 10
+    windows_per_pattern: int = 12
+
+
+def scenario_for(setup: TrainSetup) -> Scenario:
+    return build_scenario(setup.model, slo_s=setup.slo_s, interval_s=setup.interval_s,
+                          prompt_tokens=setup.prompt_tokens)
+
+
+def new_agent(setup: TrainSetup, space: ConfigSpace, spec: ActorSpec, ddpg: DDPGConfig,
+              seed: int) -> tuple[Scenario, SmoeAgent]:
+    sc = scenario_for(setup)
+    return sc, SmoeAgent(PipelineDAG.from_plan(sc.plan, sc.profile), space, spec, ddpg, seed)
+
+
+def save_checkpoint(path: str | Path, agent: SmoeAgent, setup: TrainSetup,
+                    episodes: int, history: list[dict[str, Any]]) -> Path:
+    state = {
+        "format": FORMAT, "setup": dataclasses.asdict(setup),
+        "dag": agent.dag.fingerprint(), "space": dataclasses.asdict(agent.space),
+        "space_id": agent.space.fingerprint(), "spec": dataclasses.asdict(agent.spec),
+        "ddpg": dataclasses.asdict(agent.cfg), "episodes": episodes, "history": history,
+        "actor": agent.actor.state_dict(), "critic": agent.critic.state_dict(),
+        "actor_t": agent.actor_t.state_dict(), "critic_t": agent.critic_t.state_dict(),
+        "opt_a": agent.opt_a.state_dict(), "opt_c": agent.opt_c.state_dict(),
+        "epsilon": agent.epsilon, "updates": agent.updates,
+        "rng": agent.rng.getstate(), "torch_rng": torch.get_rng_state(),
+        "replay": [dataclasses.astuple(t) for t in list(agent.replay)[-REPLAY_SAVED:]],
+    }
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+    return Path(path)
+
+
+def load_checkpoint(path: str | Path, *, expect_setup: TrainSetup | None = None,
+                    expect_space: ConfigSpace | None = None
+                    ) -> tuple[Scenario, SmoeAgent, TrainSetup, int, list[dict[str, Any]]]:
+    """Agent and scenario from a checkpoint; a checkpoint for another model, scenario
+    or config space than the expected one is an error naming both."""
+    p = Path(path)
+    if not p.is_file():
+        raise AutoscaleError(f"no sMoE checkpoint at {p}",
+                             "train one: moefleet autoscale train --out CKPT")
+    try:
+        st = torch.load(p, map_location="cpu", weights_only=False)
+    except Exception as err:  # a truncated or foreign file
+        raise AutoscaleError(f"{p} is not a readable sMoE checkpoint ({err.__class__.__name__})",
+                             "train a new one with moefleet autoscale train") from None
+    if not isinstance(st, dict) or st.get("format") != FORMAT:
+        raise AutoscaleError(f"{p} is not an sMoE checkpoint of format {FORMAT}",
+                             "train a new one with moefleet autoscale train")
+    setup = TrainSetup(**st["setup"])
+    sp = st["space"]
+    space = ConfigSpace(tuple(sp["memory_mb"]), tuple(sp["replicas"]),
+                        tuple(sp["concurrency"]), float(sp["alpha"]), float(sp["runtime_mb"]))
+    if expect_setup is not None and (expect_setup.model, expect_setup.slo_s,
+                                     expect_setup.interval_s) != (setup.model, setup.slo_s,
+                                                                  setup.interval_s):
+        raise AutoscaleError(
+            f"checkpoint {p} was trained for {setup.model} (SLO {setup.slo_s:g} s, interval "
+            f"{setup.interval_s:g} s), not {expect_setup.model} (SLO {expect_setup.slo_s:g} s,"
+            f" interval {expect_setup.interval_s:g} s)",
+            "train a checkpoint for this model and scenario")
+    if expect_space is not None and expect_space.fingerprint() != st["space_id"]:
+        raise AutoscaleError(f"checkpoint {p} was trained for another configuration space "
+                             f"({st['space']})", "use the same space or retrain")
+    spec = ActorSpec(**st["spec"])
+    sc, agent = new_agent(setup, space, spec, DDPGConfig(**st["ddpg"]), seed=0)
+    if agent.dag.fingerprint() != st["dag"]:
+        raise AutoscaleError(f"checkpoint {p} is for pipeline {st['dag']}, this model builds "
+                             f"{agent.dag.fingerprint()}", "retrain for this model")
+    for name in ("actor", "critic", "actor_t", "critic_t", "opt_a", "opt_c"):
+        getattr(agent, name).load_state_dict(st[name])
+    agent.epsilon, agent.updates = st["epsilon"], st["updates"]
+    agent.rng.setstate(st["rng"])
+    torch.set_rng_state(st["torch_rng"])
+    for row in st["replay"]:
+        agent.remember(Transition(*row))
+    return sc, agent, setup, int(st["episodes"]), list(st["history"])
+
+
+ProgressFn = Callable[[int, int, dict[str, Any]], None]
+
+
+def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
+          space: ConfigSpace | None = None, spec: ActorSpec | None = None,
+          ddpg: DDPGConfig | None = None, seed: int = 0, resume: bool = False,
+          time_budget_s: float | None = None, data_path: str | None = None,
+          demo_episodes: int = 3,
+          progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Train for ``episodes`` episodes in total (a resumed run counts the ones done),
+    saving the checkpoint after every episode; stops early at ``time_budget_s``. The
+    first ``demo_episodes`` episodes (and every third one up to 4x that) are acted by
+    :func:`demonstrator` with epsilon exploration; the actor imitates them at first
+    (``DDPGConfig.bc_weight``) while the critic learns from everything."""
+    if episodes < 1:
+        raise AutoscaleError(f"episodes must be >= 1, got {episodes}", "pass --episodes 20")
+    if resume and Path(out).exists():
+        sc, agent, setup, done, history = load_checkpoint(out, expect_setup=setup,
+                                                          expect_space=space)
+    else:
+        setup = setup or TrainSetup()
+        sc, agent = new_agent(setup, space or ConfigSpace(), spec or ActorSpec(),
+                              ddpg or DDPGConfig(), seed)
+        done, history = 0, []
+    windows: dict[str, list[Any]] = {}  # found lazily: a short run needs few patterns
+    ctl = SmoeController(agent, sc.slo_s, sc.price_per_s, learn=True)
+    demo_ctl = SmoeController(agent, sc.slo_s, sc.price_per_s, learn=True,
+                              behaviour=demonstrator(sc, agent.space))
+    t0 = time.perf_counter()
+    # Checkpoints from before CPU accounting have no cpu_s: count from 0 then.
+    cpu0 = time.process_time() - (float(history[-1].get("cpu_s") or 0.0) if history else 0.0)
+    while done < episodes:
+        if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+            break
+        pick = random.Random(seed * 1_000_003 + done)
+        pattern = TRAIN_PATTERNS[done % len(TRAIN_PATTERNS)]
+        if pattern not in windows:
+            windows[pattern] = pattern_windows(pattern, minutes=setup.window_minutes,
+                                               path=data_path,
+                                               limit=setup.windows_per_pattern)
+        w = pick.choice(windows[pattern])
+        arrivals, duration = window_arrivals(w, setup.mean_rps, seed + done, data_path)
+        demo = done < demo_episodes or (done % 3 == 2 and done < 4 * demo_episodes)
+        use = demo_ctl if demo else ctl
+        use.log.rewards.clear()
+        res = run_episode(sc, use, arrivals, duration, seed=seed + done)
+        done += 1
+        row = {"episode": done, "pattern": pattern, "window": f"{w.function[:8]}@{w.start_minute}",
+               "cost_usd": res["cost_usd"], "p95_s": res["p95_s"],
+               "reward": float(sum(use.log.rewards)), "demo": demo, "epsilon": agent.epsilon,
+               "updates": agent.updates, "wall_s": time.perf_counter() - t0,
+               "cpu_s": time.process_time() - cpu0}
+        history.append(row)
+        save_checkpoint(out, agent, setup, done, history)
+        if progress is not None:
+            progress(done, episodes, row)
+    return {"episodes": done, "history": history, "wall_s": time.perf_counter() - t0,
+            "checkpoint": str(out)}
+
+
+def demonstrator(sc: Scenario, space: ConfigSpace) -> AutoscalePolicy:
+    """The controller whose logged experience warm-starts training (ElasticMoE with the
+    shared bounds): the paper trains offline from a function logger's history."""
+    from moefleet.autoscale.base import BoundedPolicy, ScalingBounds
+    from moefleet.autoscale.baselines import ElasticMoEPolicy
+
+    return BoundedPolicy(ElasticMoEPolicy(),
+                         ScalingBounds(1, space.replicas[-1], 1, space.concurrency[-1]),
+                         downscale_delay_s=3 * sc.interval_s, tolerance=0.1)
+
+
+def controller_from_checkpoint(path: str | Path, *, learn: bool = False
+                               ) -> tuple[Scenario, SmoeController, TrainSetup]:
+    sc, agent, setup, _, _ = load_checkpoint(path)
+    return sc, SmoeController(agent, sc.slo_s, sc.price_per_s, learn=learn), setup

@@ -1,0 +1,192 @@
+"""``moefleet autoscale train|eval``: the sMoE autoscaler, trained and compared in the
+simulator.
+
+    moefleet autoscale train --out smoe.pt --episodes 60 --time-budget 1500
+    moefleet autoscale eval --checkpoint smoe.pt --pattern bursty --windows 2
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from moefleet.cli.common import emit_json, err_console, out_console, progress, user_errors
+from moefleet.errors import MoefleetError
+
+app = typer.Typer(help="Train and evaluate the sMoE autoscaler in the simulator.",
+                  no_args_is_help=True)
+
+VARIANTS = ("full", "no-cc", "no-dagnn", "no-pointer", "ddpg-only")
+
+
+class _Progress:
+    """A rich bar on a terminal, else one plain line per step on stderr."""
+
+    def __init__(self, title: str, total: int) -> None:
+        self.tty = err_console.is_terminal
+        self.title, self.total = title, total
+        if self.tty:
+            self.bar = progress(transient=False)
+            self.bar.start()
+            self.task = self.bar.add_task(title, total=total)
+
+    def step(self, done: int, text: str) -> None:
+        if self.tty:
+            self.bar.update(self.task, completed=done, description=f"{self.title} {text}")
+        else:
+            err_console.print(f"{self.title} {done}/{self.total} {text}", highlight=False,
+                              soft_wrap=True)
+
+    def close(self) -> None:
+        if self.tty:
+            self.bar.stop()
+
+
+def variant_parts(variant: str) -> tuple[Any, Any]:
+    """(ActorSpec, ConfigSpace) of an ablation variant."""
+    from moefleet.autoscale.smoe import ActorSpec, ConfigSpace
+
+    space = ConfigSpace()
+    specs = {"full": ActorSpec(), "no-cc": ActorSpec(), "no-dagnn": ActorSpec(dagnn=False),
+             "no-pointer": ActorSpec(pointer=False), "ddpg-only": ActorSpec(flat=True)}
+    if variant not in specs:
+        raise MoefleetError(f"unknown sMoE variant {variant!r}",
+                            f"use one of: {', '.join(VARIANTS)}")
+    return specs[variant], space.without_concurrency() if variant == "no-cc" else space
+
+
+@app.command("train")
+def train_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Checkpoint to write.")],
+    episodes: Annotated[int, typer.Option(help="Episodes in total (one window each).")] = 60,
+    variant: Annotated[str, typer.Option(help="full|no-cc|no-dagnn|no-pointer|ddpg-only.")] = (
+        "full"),
+    time_budget: Annotated[float | None, typer.Option(
+        help="Stop after this many seconds (the checkpoint is saved every episode).")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue the checkpoint at --out.")] = False,
+    slo: Annotated[float, typer.Option(help="End-to-end P95 SLO (s).")] = 0.3,
+    interval: Annotated[float, typer.Option(help="Control interval (s).")] = 10.0,
+    model: Annotated[str, typer.Option(help="synthetic: model of the scenario.")] = (
+        "synthetic:blocks=4,experts=8,top_k=2,hidden=512,decoder=0"),
+    window_minutes: Annotated[int, typer.Option(help="Minutes per training window.")] = 10,
+    mean_rps: Annotated[float, typer.Option(help="Windows rescaled to this mean rate.")] = 3.0,
+    seed: Annotated[int, typer.Option(help="Seed (windows, networks, exploration).")] = 0,
+    threads: Annotated[int, typer.Option(help="torch CPU threads.")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON result on stdout.")] = False,
+) -> None:
+    """Train sMoE offline in the simulator on Azure Functions 2019 windows (slow,
+    normal, bursty by inter-arrival CV), saving a checkpoint after every episode.
+
+    Example: moefleet autoscale train --out smoe.pt --episodes 60 --time-budget 1500
+    """
+    with user_errors():
+        import torch
+
+        from moefleet.autoscale.smoe.train import TrainSetup, train
+
+        if threads < 1:
+            raise MoefleetError(f"--threads must be >= 1, got {threads}")
+        if time_budget is not None and time_budget <= 0:
+            raise MoefleetError(f"--time-budget must be > 0 s, got {time_budget:g}")
+        if not 1 <= window_minutes <= 60 or not 0 < mean_rps <= 1000:
+            raise MoefleetError(f"--window-minutes {window_minutes} must be in 1..60 and "
+                                f"--mean-rps {mean_rps:g} in (0, 1000]")
+        torch.set_num_threads(threads)
+        spec, space = variant_parts(variant)
+        setup = TrainSetup(model=model, slo_s=slo, interval_s=interval,
+                           window_minutes=window_minutes, mean_rps=mean_rps)
+        bar = _Progress(f"training sMoE ({variant})", episodes)
+        try:
+            res = train(out, episodes=episodes, setup=setup, space=space, spec=spec,
+                        seed=seed, resume=resume, time_budget_s=time_budget,
+                        progress=lambda d, n, row: bar.step(
+                            d, f"{row['pattern']} cost ${row['cost_usd']:.4f} "
+                               f"P95 {row['p95_s']:.3g}s reward {row['reward']:.1f}"))
+        finally:
+            bar.close()
+        summary = {"checkpoint": str(out), "episodes": res["episodes"],
+                   "wall_s": res["wall_s"], "variant": variant}
+        if as_json:
+            emit_json(summary)
+        else:
+            out_console(False).print(f"saved {out} after {res['episodes']} episodes "
+                                     f"({res['wall_s']:.0f} s)", highlight=False)
+
+
+@app.command("eval")
+def eval_cmd(
+    checkpoint: Annotated[list[Path], typer.Option(
+        "--checkpoint", "-c", help="sMoE checkpoint(s) to compare (repeatable).")],
+    baselines: Annotated[str, typer.Option(
+        help="Comma list of static,hpa,elasticmoe,faasconf.")] = "static,hpa,elasticmoe,faasconf",
+    pattern: Annotated[list[str] | None, typer.Option(
+        help="slow|normal|bursty (repeatable; default all three).")] = None,
+    windows: Annotated[int, typer.Option(help="Held-out windows per pattern.")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed (arrivals).")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON result on stdout.")] = False,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write JSON here.")] = None,
+) -> None:
+    """Compare sMoE checkpoints with the baselines on held-out windows.
+
+    Example: moefleet autoscale eval -c smoe.pt --pattern bursty --windows 2
+    """
+    with user_errors():
+        import torch
+
+        from moefleet.autoscale.smoe.evaluate import BASELINES, baseline, evaluate, smoe_factory
+        from moefleet.io import write_json_atomic
+
+        torch.set_num_threads(1)
+        pats = pattern or ["slow", "normal", "bursty"]
+        for p in pats:
+            if p not in ("slow", "normal", "bursty"):
+                raise MoefleetError(f"unknown pattern {p!r}", "use slow, normal or bursty")
+        if not 1 <= windows <= 20:
+            raise MoefleetError(f"--windows must be in 1..20, got {windows}")
+        ctls: dict[str, Any] = {}
+        sc = setup = space = None
+        for ck in checkpoint:
+            sc_i, setup_i, make, space_i = smoe_factory(ck)
+            space = space or space_i
+            if setup is not None and setup_i != setup:
+                raise MoefleetError(f"checkpoint {ck} was trained for another scenario than "
+                                    f"{checkpoint[0]}", "compare checkpoints of one setup")
+            sc, setup = sc_i, setup_i
+            ctls[ck.stem] = make
+        assert sc is not None and setup is not None and space is not None
+        for b in filter(None, (s.strip() for s in baselines.split(","))):
+            if b not in BASELINES:
+                raise MoefleetError(f"unknown baseline {b!r}", f"use {', '.join(BASELINES)}")
+            ctls[b] = (lambda b=b: baseline(b, sc, space))
+        total = len(pats) * len(ctls) * windows
+        bar = _Progress("evaluating", total)
+        done = [0]
+
+        def step(text: str) -> None:
+            done[0] += 1
+            bar.step(done[0], text)
+
+        try:
+            res = evaluate(ctls, sc, setup, pats, windows, seed, progress=step)
+        finally:
+            bar.close()
+        res = {"slo_s": sc.slo_s, "interval_s": sc.interval_s, "model": sc.model,
+               "results": res}
+        if out is not None:
+            write_json_atomic(out, res)
+        if as_json:
+            emit_json(res)
+            return
+        from rich.table import Table
+
+        for p, rows in res["results"].items():
+            t = Table(title=f"{p}: cost and P95 (SLO {sc.slo_s:g} s)")
+            for col in ("controller", "cost $", "P95 / SLO", "intervals in SLO", "decide ms"):
+                t.add_column(col)
+            for name, r in rows.items():
+                t.add_row(name, f"{r['cost_usd']:.4f}", f"{r['p95_over_slo']:.2f}",
+                          f"{100 * r['intervals_within_slo']:.0f}%",
+                          f"{1e3 * r['decision_latency_s']:.2f}")
+            out_console(False).print(t)

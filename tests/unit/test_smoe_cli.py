@@ -1,0 +1,89 @@
+"""sMoE checkpoints and ``moefleet autoscale train|eval`` (tiny synthetic scenario)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from moefleet.autoscale.base import AutoscaleError
+from moefleet.autoscale.smoe import ConfigSpace
+from moefleet.autoscale.smoe.train import (
+    TrainSetup,
+    load_checkpoint,
+    new_agent,
+    save_checkpoint,
+)
+from moefleet.cli import app
+
+runner = CliRunner()
+TINY = "synthetic:blocks=2,experts=2,top_k=1,hidden=64,decoder=0"
+SPACE = ConfigSpace(memory_mb=(512, 2048), replicas=(1, 2), concurrency=(1, 2))
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():  # type: ignore[no-untyped-def]
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _ckpt(tmp_path: Path, setup: TrainSetup, space: ConfigSpace = SPACE) -> Path:
+    from moefleet.autoscale.smoe import ActorSpec, DDPGConfig
+
+    _, agent = new_agent(setup, space, ActorSpec(hidden=8), DDPGConfig(), seed=0)
+    return save_checkpoint(tmp_path / "a.pt", agent, setup, 0, [])
+
+
+def test_checkpoint_round_trip_and_mismatches(tmp_path: Path) -> None:
+    setup = TrainSetup(model=TINY, slo_s=0.2)
+    path = _ckpt(tmp_path, setup)
+    _, agent, got, episodes, _ = load_checkpoint(path, expect_setup=setup, expect_space=SPACE)
+    assert got == setup and episodes == 0 and agent.space == SPACE
+    with pytest.raises(AutoscaleError, match="trained for synthetic:blocks=2"):
+        load_checkpoint(path, expect_setup=TrainSetup(model=TINY.replace("blocks=2", "blocks=3")))
+    with pytest.raises(AutoscaleError, match="another configuration space"):
+        load_checkpoint(path, expect_space=SPACE.without_concurrency())
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(AutoscaleError, match="not a readable sMoE checkpoint"):
+        load_checkpoint(bad)
+    with pytest.raises(AutoscaleError, match="no sMoE checkpoint"):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_train_resume_and_eval(tmp_path: Path) -> None:
+    out = tmp_path / "s.pt"
+    base = ["autoscale", "train", "--out", str(out), "--model", TINY, "--slo", "0.2",
+            "--interval", "30", "--window-minutes", "10", "--mean-rps", "0.5", "--json"]
+    res = runner.invoke(app, [*base, "--episodes", "1"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["episodes"] == 1
+    res = runner.invoke(app, [*base, "--episodes", "2", "--resume"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["episodes"] == 2
+    hist = load_checkpoint(out)[4]
+    assert [h["episode"] for h in hist] == [1, 2] and hist[0]["pattern"] == "bursty"
+    res = runner.invoke(app, ["autoscale", "eval", "-c", str(out), "--pattern", "bursty",
+                              "--windows", "1", "--baselines", "static,elasticmoe", "--json"],
+                        catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["results"]["bursty"]
+    assert set(rows) == {"s", "static", "elasticmoe"}
+    assert all(r["cost_usd"] > 0 and r["p95_s"] > 0 for r in rows.values())
+    assert rows["s"]["decision_latency_s"] > 0
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["train", "--out", "x.pt", "--interval", "0"], "interval"),
+    (["train", "--out", "x.pt", "--variant", "nope"], "unknown sMoE variant"),
+    (["eval", "-c", "missing.pt"], "no sMoE checkpoint"),
+])
+def test_bad_input_is_one_line_error(args: list[str], needle: str) -> None:
+    res = runner.invoke(app, ["autoscale", *args])
+    assert res.exit_code != 0
+    assert needle in res.output and "Traceback" not in res.output
