@@ -107,9 +107,14 @@ def test_open_routes_and_tokenizer(server: Server) -> None:
     (b'{"model": "tiny-mixtral", "prompt": "x"}', {"Content-Type": "text/plain"}),
     (b'{"model": "tiny-mixtral", "prompt": "x", "temperature": NaN}', {}),
     (b'{"model": "tiny-mixtral", "prompt": "x", "max_tokens": 1e400}', {}),
+    (b'{"model": "tiny-mixtral", "prompt": "\\ud800 lone surrogate"}', {}),
+    (b'{"model": "tiny-mixtral", "prompt": [99999999999999999999], "echo": true}', {}),
+    (b'{"model": "tiny-mixtral", "messages": [{"role": "user", "content": '
+     b'[{"type": "image_url"}]}]}', {}),
 ])
 def test_malformed_bodies_are_400(server: Server, raw: bytes, headers: dict) -> None:
-    status, _, body = request(server.url, "POST", "/v1/completions", raw=raw, headers=headers)
+    path = "/v1/chat/completions" if b"messages" in raw else "/v1/completions"
+    status, _, body = request(server.url, "POST", path, raw=raw, headers=headers)
     assert status == 400, body
     err = json.loads(body)["error"]
     assert set(err) == {"message", "type", "param", "code"}

@@ -9,7 +9,14 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 MAX_PROMPTS = 64  # prompts in one completions request (lm-eval batches them)
 MAX_N = 16
@@ -19,7 +26,17 @@ MAX_MESSAGES = 256
 MAX_TOKEN_IDS = 65_536
 
 
-NonEmpty = Annotated[str, Field(min_length=1)]
+def _utf8(s: str) -> str:
+    """Reject lone surrogates (JSON can carry them; no tokenizer can encode them)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text is not valid unicode (lone surrogate)") from None
+    return s
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+NonEmpty = Annotated[str, Field(min_length=1), AfterValidator(_utf8)]
 TokenId = Annotated[int, Field(ge=0)]
 
 
@@ -135,8 +152,13 @@ class CompletionRequest(_Sampling):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[dict[str, Any]] | None = None
+    content: Text | list[dict[str, Any]] | None = None
     name: str | None = Field(None, max_length=256)
+
+    @model_validator(mode="after")
+    def _text_only(self) -> ChatMessage:
+        self.text()  # raises ValueError (-> 400) on non-text parts
+        return self
 
     def text(self) -> str:
         if self.content is None:
@@ -147,7 +169,7 @@ class ChatMessage(BaseModel):
         for part in self.content:
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise ValueError("only text content parts are supported")
-            parts.append(part["text"])
+            parts.append(_utf8(part["text"]))
         return "".join(parts)
 
 
@@ -161,8 +183,6 @@ class ChatCompletionRequest(_Sampling):
     def _checks(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
-        for m in self.messages:
-            m.text()  # raises on non-text parts
         return self
 
     def limit(self) -> int | None:
@@ -172,7 +192,7 @@ class ChatCompletionRequest(_Sampling):
 class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = Field(None, max_length=256)
-    prompt: str | None = None
+    prompt: Text | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
     add_generation_prompt: bool = True
 

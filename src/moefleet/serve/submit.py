@@ -77,6 +77,10 @@ async def submit(state: ServeState, prompts: list[str | list[int]], body: Any, *
         try:
             for pi, prompt in enumerate(prompts):
                 ids = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+                bad = [t for t in ids if not 0 <= t < vocab]
+                if bad:
+                    raise EngineError(f"prompt {pi}: token ids {bad[:5]} are outside the "
+                                      f"vocabulary [0, {vocab})", "tokenize with /tokenize")
                 if not ids:
                     raise EngineError(f"prompt {pi} is empty after tokenization",
                                       "send some text or token ids")
