@@ -194,3 +194,19 @@ def test_engine_death_is_503_and_an_in_stream_error() -> None:
         assert err["code"] == "engine_dead" and "simulated engine fault" in err["message"]
         assert request(s.url, "GET", "/health")[0] == 503
         assert complete(s.url, max_tokens=1)[0] == 503
+
+
+def test_non_streaming_client_that_leaves_is_aborted() -> None:
+    with running(tiny_engine(max_num_seqs=1)) as s:
+        u = urllib.parse.urlsplit(s.url)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        conn.request("POST", "/v1/completions", body=json.dumps({
+            "model": MODEL, "prompt": "hello", "max_tokens": 400, "ignore_eos": True}),
+            headers={"Content-Type": "application/json"})
+        wait_for(lambda: metrics(s.url)[("moefleet:num_requests_running", ())] == 1,
+                 "the request running")
+        conn.close()  # leave without reading the answer
+        wait_for(lambda: metrics(s.url)[("moefleet:num_requests_aborted_total", ())] == 1
+                 and metrics(s.url)[("moefleet:kv_cache_usage_perc", ())] == 0,
+                 "the request aborted and its cache freed")
+        assert metrics(s.url)[("moefleet:generation_tokens_total", ())] < 400

@@ -119,17 +119,20 @@ def abort_soon(state: ServeState, rids: list[str]) -> None:
 async def deltas(state: ServeState, sub: Submitted, request: Request | None
                  ) -> AsyncIterator[Delta]:
     """Every delta of ``sub`` until all its choices finish. The client going away (checked
-    while idle) or this iterator closing early aborts what is still running."""
+    every ``DISCONNECT_POLL_S``) or this iterator closing early aborts what still runs."""
     live = set(sub.rids)
     total = len(live)
     finished = 0
+    checked = time.monotonic()
     try:
         while finished < total:
+            if request is not None and time.monotonic() - checked >= DISCONNECT_POLL_S:
+                checked = time.monotonic()
+                if await request.is_disconnected():
+                    return
             try:
                 item = await asyncio.wait_for(sub.queue.get(), DISCONNECT_POLL_S)
             except TimeoutError:
-                if request is not None and await request.is_disconnected():
-                    return
                 continue
             if isinstance(item, WorkerDied):
                 raise APIError(503, item.message, code="engine_dead")
