@@ -71,6 +71,7 @@ class EngineWorker(threading.Thread):
         self._preemptions = 0
         self.error: str | None = None
         self.pending = 0  # closures submitted and not yet run (read by the event loop)
+        self._pending_lock = threading.Lock()
         self.num_waiting = 0  # engine's waiting queue, published after every step
         self._stopping = False
         self._lbl = metrics.model_name
@@ -86,7 +87,8 @@ class EngineWorker(threading.Thread):
         if not self.alive:
             fut.set_exception(RuntimeError(self.error or "engine thread is not running"))
         else:
-            self.pending += 1
+            with self._pending_lock:
+                self.pending += 1
             self._cmds.put((fn, fut))
         return asyncio.wrap_future(fut)
 
@@ -139,7 +141,8 @@ class EngineWorker(threading.Thread):
             self._fail_all()
 
     def _run_cmd(self, fn: Callable[[Engine], Any], fut: Future[Any]) -> None:
-        self.pending -= 1
+        with self._pending_lock:  # += runs on the event loop's thread, -= on this one
+            self.pending -= 1
         try:
             fut.set_result(fn(self.engine))
         except Exception as err:
