@@ -19,6 +19,10 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
         os.environ["MOEFLEET_CACHE_DIR"] = str(tmp_path_factory.mktemp("moefleet-cache"))
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # The local backend's emulated memory/CPU limits (runtime/local_limits.py) would fail
+    # the many small debug functions other tests deploy, and stretch every call; the tests
+    # of the limits, and of plans running under them, pass limits=True explicitly.
+    os.environ.setdefault("MOEFLEET_LOCAL_LIMITS", "off")
 
 
 # ---- moto: a real HTTP AWS API (S3, Lambda, ...) on 127.0.0.1 (platform layer, runtime) ----

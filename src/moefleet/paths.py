@@ -25,6 +25,12 @@ def _candidate_data_dirs() -> list[Path]:
     out: list[Path] = []
     env = os.environ.get("MOEFLEET_DATA_DIR")
     if env:
+        if not Path(env).expanduser().is_dir():
+            # A typo here would silently fall back to other data: say so instead.
+            from moefleet.errors import DataError
+
+            raise DataError(f"MOEFLEET_DATA_DIR={env} is not a directory",
+                            "point it at a data folder, or unset it")
         out.append(Path(env).expanduser())
     # src/moefleet -> src -> repo -> repo/../shared/data
     repo = PACKAGE_DIR.parent.parent
@@ -47,5 +53,17 @@ def shared_data_dirs() -> list[Path]:
 def cache_dir() -> Path:
     env = os.environ.get("MOEFLEET_CACHE_DIR")
     base = Path(env).expanduser() if env else Path(platformdirs.user_cache_dir("moefleet"))
-    base.mkdir(parents=True, exist_ok=True)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        from moefleet.errors import MoefleetError
+
+        raise MoefleetError(
+            f"cannot use cache directory {base}: {err.strerror}",
+            "set MOEFLEET_CACHE_DIR to a folder you can write to") from None
+    if not os.access(base, os.W_OK | os.X_OK):
+        from moefleet.errors import MoefleetError
+
+        raise MoefleetError(f"cache directory {base} is not writable",
+                            "set MOEFLEET_CACHE_DIR to a folder you can write to")
     return base

@@ -236,3 +236,28 @@ def test_storage_faults_in_functions(
         assert not [k for k in store.list(dep.prefix + "/") if "/runs/" in k]
     finally:
         b.teardown()
+
+
+def test_pipelined_experts_start_while_the_gate_still_uploads(
+    adapters: dict[str, HFMoEAdapter], platform: PlatformSpec, tmp_path: Path,
+) -> None:
+    # ODS/BO's pipelined method overlaps the gate's uploads with the experts: with an
+    # S3-like store latency (30 ms a request) the gate needs several rounds of 8 parallel
+    # PUTs for beta=1 minibatches, and every layer's first expert starts before it ends.
+    adapter = adapters["mixtral"]
+    store = LocalObjectStore(tmp_path / "store")
+    b = LocalBackend(platform, store=store, workers=3, store_latency=(0.03, 1e9))
+    try:
+        dep = deploy_plan(adapter, _plan(adapter, platform.name, "pipelined", replicas=1,
+                                         beta=1), platform, store, backend=b)
+        ids, mask = _batch(1)
+        with Executor(dep, b, store, platform) as ex:
+            res = ex.run_batch(ids, mask, ["a", "b", "c"])
+    finally:
+        b.teardown()
+    assert (res.output - adapter.reference_forward(ids, mask)).abs().max() <= 1e-4
+    for layer in adapter.moe_layers:
+        gate = min((r for r in res.records if r.kind != "expert" and r.layer == layer),
+                   key=lambda r: r.start_s)
+        first = min(r.start_s for r in res.records if r.kind == "expert" and r.layer == layer)
+        assert first < gate.end_s, layer

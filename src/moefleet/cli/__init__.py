@@ -6,10 +6,12 @@ Every sub-command lives in its own module and is registered here.
 from __future__ import annotations
 
 import os
+import signal
 
 import typer
 
 from moefleet.cli import autoscale as _autoscale
+from moefleet.cli import brownout as _brownout
 from moefleet.cli import bench as _bench
 from moefleet.cli import demo as _demo
 from moefleet.cli import export as _export
@@ -42,6 +44,7 @@ app.add_typer(_platforms.app, name="platforms")
 _plan.app.command("bo")(_plan_bo.bo_cmd)  # beside `plan show`; its own module (many options)
 app.add_typer(_plan.app, name="plan")
 app.add_typer(_predict.app, name="predict")
+app.add_typer(_brownout.app, name="brownout")
 app.add_typer(_bench.app, name="bench")
 app.command("profile")(_profile.profile_cmd)
 app.command("profile-compute")(_profile_compute.profile_compute_cmd)
@@ -54,7 +57,14 @@ app.command("generate")(_generate.generate_cmd)
 app.command("serve")(_serve.serve_cmd)
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # SystemExit unwinds the stack, so `with TemporaryDirectory()` and `finally` blocks
+    # (temporary object stores, deployments, partial builds) clean up as on Ctrl-C.
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     # Hugging Face prints its own progress bars and hub warnings; ours are on stderr.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

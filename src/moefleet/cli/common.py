@@ -12,9 +12,10 @@ Conventions every command follows:
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -27,8 +28,10 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
-from moefleet.errors import MoefleetError
+from moefleet.errors import MoefleetError, validation_message
+from moefleet.io import check_output_paths, dumps_json
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)
@@ -40,7 +43,8 @@ def out_console(json_mode: bool) -> Console:
 
 
 def emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    """Strict RFC 8259 JSON on stdout: NaN and infinities are printed as ``null``."""
+    sys.stdout.write(dumps_json(obj) + "\n")
     sys.stdout.flush()
 
 
@@ -51,23 +55,104 @@ def fail(err: MoefleetError) -> typer.Exit:
     return typer.Exit(code=err.exit_code)
 
 
+def boundary_error(err: BaseException) -> MoefleetError | None:
+    """The user-facing form of an exception that crossed the CLI boundary, or None.
+
+    Besides :class:`MoefleetError`, a few exception classes can only come from the user's
+    inputs or environment when they reach a command's top level: a pydantic
+    ``ValidationError`` (an option value a library model rejects), an ``OSError`` naming a
+    file, ``MemoryError`` and ``UnicodeDecodeError``. Those get one line naming the
+    problem; anything else is a bug and keeps its traceback."""
+    from pydantic import ValidationError
+
+    if isinstance(err, MoefleetError):
+        return err
+    if isinstance(err, ValidationError):
+        return MoefleetError(validation_message(err, err.title),
+                             "check the option that sets this field (see --help)")
+    if isinstance(err, OSError) and err.filename is not None:
+        return MoefleetError(f"{err.filename}: {err.strerror or err}",
+                             "check the path and its permissions")
+    if isinstance(err, MemoryError):
+        return MoefleetError("out of memory: an input or option asks for more than fits",
+                             "use smaller values (see README, 'Limits')")
+    if isinstance(err, EOFError):
+        return MoefleetError("an input file ended early (truncated or empty?)",
+                             "re-create the file")
+    if isinstance(err, UnicodeDecodeError):
+        return MoefleetError(f"an input file is not UTF-8 text ({err.reason})",
+                             "pass a text file")
+    return None
+
+
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn MoefleetError into a clean exit; let real bugs raise with a traceback."""
+    """Turn user-caused errors (see :func:`boundary_error`) into a clean exit; let real
+    bugs raise with a traceback."""
     try:
         yield
-    except MoefleetError as err:
-        raise fail(err) from None
+    except (MoefleetError, OSError, MemoryError, ValueError, EOFError) as err:
+        clean = boundary_error(err)
+        if clean is None:
+            raise
+        raise fail(clean) from None
+
+
+def check_outputs(*targets: tuple[str, Path | str | None]) -> None:
+    """Validate every output path before a command starts work (raises MoefleetError)."""
+    check_output_paths(*targets)
+
+
+class PlainProgress(Progress):
+    """Progress for a non-terminal stderr (a log file, CI, a pipe): no live bar, but a
+    plain ``description: done/total (elapsed)`` line when the description changes and at
+    most every ``every_s`` seconds otherwise, so a long build is never silent."""
+
+    def __init__(self, *columns: Any, every_s: float = 10.0, **kw: Any) -> None:
+        kw["disable"] = True
+        super().__init__(*columns, **kw)
+        self._every_s = every_s
+        self._last: dict[Any, tuple[float, str]] = {}
+
+    def _say(self, task_id: Any, force: bool = False) -> None:
+        task = self._tasks.get(task_id)
+        if task is None:
+            return
+        now = time.monotonic()
+        last_t, last_desc = self._last.get(task_id, (-1e18, ""))
+        if not force and task.description == last_desc and now - last_t < self._every_s:
+            return
+        self._last[task_id] = (now, task.description)
+        total = f"/{task.total:g}" if task.total is not None else ""
+        elapsed = task.elapsed or 0.0
+        plain = Text.from_markup(task.description).plain
+        sys.stderr.write(f"{plain}: {task.completed:g}{total} ({elapsed:.0f} s)\n")
+        sys.stderr.flush()
+
+    def add_task(self, *args: Any, **kw: Any) -> Any:
+        task_id = super().add_task(*args, **kw)
+        self._say(task_id, force=True)
+        return task_id
+
+    def update(self, task_id: Any, *args: Any, **kw: Any) -> None:
+        super().update(task_id, *args, **kw)
+        self._say(task_id)
+
+    def advance(self, task_id: Any, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._say(task_id)
 
 
 def progress(transient: bool = True) -> Progress:
-    """A progress bar on stderr (stdout stays clean for --json)."""
-    return Progress(
+    """A progress bar on stderr (stdout stays clean for --json); plain lines when stderr
+    is not a terminal."""
+    columns = (
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        console=err_console,
-        transient=transient,
     )
+    if not err_console.is_terminal:
+        return PlainProgress(*columns, console=err_console, transient=transient)
+    return Progress(*columns, console=err_console, transient=transient)

@@ -14,8 +14,21 @@ from typing import Annotated, Any
 
 import typer
 
+from moefleet import limits as L
 from moefleet.cli.common import emit_json, out_console, progress, user_errors
 from moefleet.errors import MoefleetError
+from moefleet.io import check_output_dir
+
+
+def _check_inputs_early(platform: str, traffic: str | None) -> None:
+    """Fail on a bad --platform or --traffic before minutes of profiling and planning."""
+    from moefleet.data import load_prompts, split_dataset
+    from moefleet.platform import load_platform
+
+    load_platform(platform)
+    if traffic is not None:
+        name, split = split_dataset(traffic)
+        load_prompts(name, split=split, limit=1)
 
 
 def demo_cmd(
@@ -28,7 +41,8 @@ def demo_cmd(
     ] = None,
     sampler: Annotated[str, typer.Option(
         help="BO sampler: eps-gp | eps | single-eps | random | tpe.")] = "eps-gp",
-    iterations: Annotated[int | None, typer.Option(help="BO iterations at most.")] = None,
+    iterations: Annotated[int | None, typer.Option(
+        min=1, max=L.MAX_ITERATIONS, help="BO iterations at most.")] = None,
     traffic: Annotated[str | None, typer.Option(
         help="Dataset for the BO batches and the workload (a domain shift from the "
         "predictor's wikitext2), e.g. c4. Default: wikitext2.")] = None,
@@ -37,7 +51,8 @@ def demo_cmd(
         "(default: the paper's model, a parameter fetch per batch).")] = False,
     run: Annotated[bool, typer.Option(
         help="Deploy each plan on the local backend and run the workload.")] = True,
-    workers: Annotated[int | None, typer.Option(help="Local worker processes.")] = None,
+    workers: Annotated[int | None, typer.Option(
+        min=1, max=L.MAX_WORKERS, help="Local worker processes.")] = None,
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Where results go.")] = Path(
         "out/demo"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
@@ -53,6 +68,7 @@ def demo_cmd(
 
     con = out_console(as_json)
     with user_errors():
+        check_output_dir(out_dir, "--out")
         if sampler not in SAMPLERS:
             raise MoefleetError(f"--sampler {sampler!r} is not known",
                                 f"choose one of {', '.join(SAMPLERS)}")
@@ -60,6 +76,7 @@ def demo_cmd(
             raise MoefleetError(f"--slo must be > 0 seconds, got {slo}", "e.g. --slo 30")
         if iterations is not None and iterations < 1:
             raise MoefleetError(f"--iterations must be >= 1, got {iterations}", "e.g. 20")
+        _check_inputs_early(platform, traffic)
         opts = {"model": model, "platform": platform, "slo_s": slo, "sampler": sampler,
                 "run": run, "workers": workers, "traffic": traffic,
                 "warm_instances": warm_instances}

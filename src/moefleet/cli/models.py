@@ -7,7 +7,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from moefleet.cli.common import emit_json, out_console, progress, user_errors
+from moefleet.cli.common import emit_json, err_console, out_console, progress, user_errors
+from moefleet.errors import MoefleetError
 
 app = typer.Typer(help="The model zoo and any supported checkpoint.", no_args_is_help=True)
 
@@ -68,7 +69,10 @@ def build_with_progress(name: str, force: bool) -> None:
         def on_progress(done: int, total: int, desc: str) -> None:
             bar.update(task, completed=done, total=total, description=f"{name}: {desc}")
 
-        zoo.build(name, force=force, progress=on_progress)
+        def on_wait(msg: str) -> None:
+            err_console.print(f"[yellow]note:[/] {msg}", highlight=False)
+
+        zoo.build(name, force=force, progress=on_progress, on_wait=on_wait)
 
 
 @app.command("build")
@@ -111,7 +115,13 @@ def info_cmd(
     from moefleet.models.base import param_bytes
 
     with user_errors():
-        adapter = load_with_progress(model, as_json)
+        if zoo.has_entry(model) and not zoo.is_built(model):
+            # info is a quick look: it never starts a (possibly long) build.
+            raise MoefleetError(f"zoo model {model} is not built yet",
+                                f"build it first: moefleet models build {model}")
+        from moefleet.models import load_adapter
+
+        adapter = load_adapter(model)
         info: dict[str, Any] = asdict(adapter.summary())
         layer0 = adapter.moe_layers[0]
         info["bytes_per_expert"] = param_bytes(adapter.expert_view(layer0, 0))

@@ -11,7 +11,13 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from moefleet.cli.common import emit_json, err_console, out_console, user_errors
+from moefleet import limits as L
+from moefleet.cli.common import (
+    check_outputs,
+    emit_json,
+    out_console,
+    user_errors,
+)
 from moefleet.errors import DataError, MoefleetError
 
 app = typer.Typer(
@@ -24,29 +30,52 @@ app = typer.Typer(
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable result on stdout.")]
 
 
-def load_counts(path: Path) -> tuple[Any, list[int] | None, int | None]:
-    """counts_LE, experts per layer (traces only), tokens (traces only)."""
+#: Tokens per expert in a counts array at most: bounds the planner's per-token work.
+MAX_COUNT = 10**9
+
+
+def load_counts(path: Path) -> tuple[Any, list[int] | None, int | None, str | None]:
+    """counts_LE, experts per layer (traces only), tokens (traces only), the trace's model.
+
+    Invariant of the returned counts: a 2-D int64 array of finite values in [0, MAX_COUNT]
+    with at least one token."""
     import numpy as np
+
+    from moefleet.io import check_input_file
 
     if path.suffix == ".parquet":
         from moefleet.traces.schema import read_trace
 
         trace = read_trace(path)
         experts = [int(e) for e in trace.meta["num_experts"]]
-        return trace.popularity(), experts, trace.num_tokens
+        return trace.popularity(), experts, trace.num_tokens, str(trace.meta.get("model"))
     if path.suffix == ".npy":
-        if not path.is_file():
-            raise DataError(f"counts file {path} does not exist", "pass a .npy or a trace")
+        check_input_file(path, "counts file", "pass a .npy or a trace")
         try:
-            counts = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as err:
-            raise DataError(f"{path} is not a readable .npy array: {err}") from err
-        if counts.ndim != 2:
+            # mmap reads only the header: shape and dtype are checked before any allocation.
+            mapped = np.load(path, mmap_mode="r", allow_pickle=False)
+            shape, dtype = mapped.shape, mapped.dtype
+        except (OSError, ValueError, EOFError) as err:
+            raise DataError(f"{path} is not a readable .npy array: {err}",
+                            "np.save a 2-D counts_LE array") from None
+        if len(shape) != 2 or dtype.kind not in "iuf":
             raise DataError(
-                f"{path} holds an array of shape {counts.shape}; counts need (layers, experts)",
-                "save counts_LE as a 2-D array",
-            )
-        return counts, None, None
+                f"{path} holds a {dtype} array of shape {shape}; counts need a 2-D numeric "
+                "(layers, experts) array", "save counts_LE as a 2-D integer array")
+        if shape[0] * shape[1] > 1 << 24 or 0 in shape:
+            raise DataError(f"{path}: counts array of shape {shape} is empty or too large "
+                            "(at most 16M cells)", "save counts_LE (layers, experts)")
+        counts = np.array(mapped)
+        if not np.all(np.isfinite(counts)):
+            raise DataError(f"{path}: counts hold NaN or infinite values",
+                            "counts are tokens per expert: finite, >= 0")
+        if counts.min() < 0 or counts.max() > MAX_COUNT or np.any(counts != np.round(counts)):
+            raise DataError(f"{path}: counts must be whole numbers in [0, {MAX_COUNT:.0e}], "
+                            f"got [{counts.min():g}, {counts.max():g}]",
+                            "counts are tokens per expert")
+        if counts.sum() == 0:
+            raise DataError(f"{path}: counts are all zero", "counts are tokens per expert")
+        return counts.astype(np.int64), None, None, None
     raise DataError(
         f"--counts {path}: expected a trace (.parquet) or a counts array (.npy)",
         "record a trace with moefleet profile, or np.save counts_LE",
@@ -86,19 +115,33 @@ def make_plan(
 
     spec = load_platform(platform)
     planner = get_planner(policy, time_limit_s=time_limit)
-    counts_LE, experts, trace_tokens = load_counts(counts)
+    counts_LE, experts, trace_tokens, trace_model = load_counts(counts)
     prof = load_profile(profile, model)
-    if model is not None and prof.model != model:
-        err_console.print(
-            f"[yellow]note:[/] the profile was measured on '{prof.model}'; planning for "
-            f"'{model}'", highlight=False,
-        )
+    check_same_model(prof, model, trace_model, counts_LE)
     problem = PlanningProblem.from_profile(
         prof, spec, counts_LE, slo, model=model, num_experts=experts,
-        tokens=tokens or trace_tokens, max_replicas=max_replicas,
+        tokens=tokens if tokens is not None else trace_tokens, max_replicas=max_replicas,
         warm_instances=warm_instances,
     )
     return planner.plan(problem, seed=seed)
+
+
+def check_same_model(prof: Any, model: str | None, trace_model: str | None,
+                     counts_LE: Any) -> None:
+    """The profile, ``--model`` and the counts describe one model (layers, experts)."""
+    if trace_model is not None and trace_model != prof.model:
+        raise MoefleetError(
+            f"--counts trace was recorded on '{trace_model}' but the profile was measured on "
+            f"'{prof.model}'", "use a trace and a profile of the same model")
+    if model is not None and prof.model != model:
+        raise MoefleetError(
+            f"--model {model} but the profile was measured on '{prof.model}'",
+            f"measure a profile of {model} (moefleet profile-compute -m {model}) or drop "
+            "--model")
+    if counts_LE.shape[0] != len(prof.moe_layers):
+        raise MoefleetError(
+            f"--counts has {counts_LE.shape[0]} MoE layers, the profile of '{prof.model}' "
+            f"{len(prof.moe_layers)}", "use counts recorded on the profiled model")
 
 
 @app.callback()
@@ -116,11 +159,15 @@ def plan_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Plan YAML to write.")] = Path(
         "plan.yaml"),
     tokens: Annotated[int | None, typer.Option(
+        min=1, max=L.MAX_TOKENS,
         help="Tokens in the batch (default: the trace's; for .npy the largest layer sum).")
     ] = None,
-    max_replicas: Annotated[int, typer.Option(help="Replicas per expert at most.")] = 8,
-    time_limit: Annotated[float, typer.Option(help="Solver time limit (miqcp), s.")] = 60.0,
-    seed: Annotated[int, typer.Option(help="Seed (random policy, solver).")] = 0,
+    max_replicas: Annotated[int, typer.Option(
+        min=1, max=L.MAX_REPLICAS, help="Replicas per expert at most.")] = 8,
+    time_limit: Annotated[float, typer.Option(
+        min=0.01, max=L.MAX_TIME_LIMIT_S, help="Solver time limit (miqcp), s.")] = 60.0,
+    seed: Annotated[int, typer.Option(
+        min=0, max=L.MAX_SEED, help="Seed (random policy, solver).")] = 0,
     warm_instances: Annotated[bool, typer.Option(
         "--warm-instances",
         help="Steady-state serving: instances already hold their parameters (no per-batch "
@@ -137,6 +184,7 @@ def plan_cmd(
     if ctx.invoked_subcommand is not None:
         return
     with user_errors():
+        check_outputs(("--out", out))
         if slo is None or counts is None:
             raise MoefleetError(
                 "moefleet plan needs --slo and --counts",
@@ -192,6 +240,12 @@ def plan_table(plan: Any) -> Table:  # plan: DeploymentPlan
     if "latency_s" in pred:
         slo = f" (SLO {pred['slo_s']:.4g} s)" if "slo_s" in pred else ""
         caption.append(f"latency {pred['latency_s']:.4g} s{slo}")
+    status = str(plan.meta.get("status", "optimal")).lower()
+    if status not in ("optimal", "2"):  # SCIP says "optimal", gurobi GRB.OPTIMAL == 2
+        gap = plan.meta.get("gap")
+        caption.append(f"[bold yellow]WARNING: solver stopped with status '{status}'"
+                       + (f", gap {100 * gap:.1f}%" if isinstance(gap, float) else "")
+                       + ": not proven optimal; raise --time-limit or compare --policy ods[/]")
     t = Table(
         title=f"{plan.model} on {plan.platform} ({plan.policy})",
         caption="; ".join(caption) or None,

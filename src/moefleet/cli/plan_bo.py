@@ -17,7 +17,8 @@ from typing import Annotated, Any
 
 import typer
 
-from moefleet.cli.common import emit_json, out_console, progress, user_errors
+from moefleet import limits as L
+from moefleet.cli.common import check_outputs, emit_json, out_console, progress, user_errors
 from moefleet.errors import DataError, MoefleetError
 
 
@@ -29,13 +30,17 @@ def bo_cmd(
                                               "compute profile).")] = None,
     profile: Annotated[Path | None, typer.Option(help="Compute profile JSON.")] = None,
     platform: Annotated[str, typer.Option(help="Platform name or YAML.")] = "aws-lambda-2020",
-    batch_tokens: Annotated[int, typer.Option(help="Tokens per BO batch.")] = 10_240,
-    batches: Annotated[int | None, typer.Option(help="Use at most this many batches.")] = None,
-    pairs: Annotated[int, typer.Option(help="Q: key-value pairs per trial.")] = 1000,
-    iterations: Annotated[int, typer.Option(help="BO iterations at most.")] = 40,
+    batch_tokens: Annotated[int, typer.Option(
+        min=1, max=L.MAX_BATCH_TOKENS, help="Tokens per BO batch.")] = 10_240,
+    batches: Annotated[int | None, typer.Option(
+        min=1, max=L.MAX_ITERATIONS, help="Use at most this many batches.")] = None,
+    pairs: Annotated[int, typer.Option(
+        min=1, max=L.MAX_PAIRS, help="Q: key-value pairs per trial.")] = 1000,
+    iterations: Annotated[int, typer.Option(
+        min=1, max=L.MAX_ITERATIONS, help="BO iterations at most.")] = 40,
     sampler: Annotated[str, typer.Option(
         help="eps-gp | eps | single-eps | random | tpe.")] = "eps-gp",
-    seed: Annotated[int, typer.Option(help="Sampler seed.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=L.MAX_SEED, help="Sampler seed.")] = 0,
     out: Annotated[Path, typer.Option("--out", "-o", help="Plan YAML to write.")] = Path(
         "plan.yaml"),
     save_predictor: Annotated[Path | None, typer.Option(
@@ -49,6 +54,7 @@ def bo_cmd(
     --model minilm-moe-e8 --slo 10 -o plan.yaml
     """
     with user_errors():
+        check_outputs(("--out", out), ("--save-predictor", save_predictor))
         summary = _run(predictor, bo_trace, slo, model, profile, platform, batch_tokens,
                        batches, pairs, iterations, sampler, seed, out, save_predictor,
                        as_json)

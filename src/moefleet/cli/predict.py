@@ -15,8 +15,10 @@ from typing import Annotated, Any
 
 import typer
 
-from moefleet.cli.common import emit_json, out_console, progress, user_errors
+from moefleet import limits as L
+from moefleet.cli.common import check_outputs, emit_json, out_console, progress, user_errors
 from moefleet.errors import MoefleetError
+from moefleet.io import check_output_dir
 
 app = typer.Typer(help="Expert-popularity predictors: fit one, or evaluate several.",
                   no_args_is_help=True)
@@ -29,13 +31,22 @@ ModelOpt = Annotated[str | None, typer.Option(
 TrainOpt = Annotated[str, typer.Option(
     "--train", help="Trace .parquet, or dataset name[:split] / prompt file to profile."
 )]
-MaxTokensOpt = Annotated[int, typer.Option(help="Tokens to profile from --train.")]
-MaxLengthOpt = Annotated[int, typer.Option(help="Truncate each prompt to this when profiling.")]
+MaxTokensOpt = Annotated[int, typer.Option(
+        max=L.MAX_TOKENS, help="Tokens to profile from --train.")]
+MaxLengthOpt = Annotated[int, typer.Option(
+        min=1, max=L.MAX_PROMPT_TOKENS, help="Truncate each prompt to this when profiling.")]
 EmbedOpt = Annotated[str, typer.Option(
     help="Token embeddings for sps/bf/vared: adapter (model input embeddings), minilm, random."
 )]
-SeedOpt = Annotated[int, typer.Option(help="Seed (SPS clustering).")]
+SeedOpt = Annotated[int, typer.Option(min=0, max=L.MAX_SEED, help="Seed (SPS clustering).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
+
+
+def _check_tokens(max_tokens: int) -> None:
+    # Checked even when --train is a trace (where it is unused): 0 is never meant.
+    if max_tokens <= 0:
+        raise MoefleetError(f"--max-tokens must be positive, got {max_tokens}",
+                            "pass e.g. --max-tokens 65536")
 
 
 class _Sources:
@@ -63,8 +74,13 @@ class _Sources:
         path = Path(ref)
         if path.suffix == ".parquet":
             trace = read_trace(path)
+            traced = str(trace.meta.get("model") or "") or None
+            if self.model is not None and traced is not None and self.model != traced:
+                raise MoefleetError(
+                    f"--model {self.model} but the trace {path} was recorded on '{traced}'",
+                    "drop --model (a trace names its model) or record a trace of that model")
             if self.model is None:
-                self.model = str(trace.meta.get("model") or "") or None
+                self.model = traced
             return trace
         return self._profile(ref, max_tokens)
 
@@ -148,8 +164,10 @@ def eval_cmd(
         "bayes-map, bayes-pos-map, lina, dop, ef, sps, bf, vared."
     )] = "bayes,bayes-pos,bayes-pos-flat,lina,dop,ef,sps,bf",
     max_tokens: MaxTokensOpt = 65536,
-    test_tokens: Annotated[int, typer.Option(help="Tokens to profile per --test.")] = 10240,
-    batch_tokens: Annotated[int, typer.Option(help="Tokens per scored batch.")] = 10240,
+    test_tokens: Annotated[int, typer.Option(
+        min=1, max=L.MAX_TOKENS, help="Tokens to profile per --test.")] = 10240,
+    batch_tokens: Annotated[int, typer.Option(
+        min=1, max=L.MAX_BATCH_TOKENS, help="Tokens per scored batch.")] = 10240,
     max_length: MaxLengthOpt = 256,
     embed: EmbedOpt = "adapter",
     seed: SeedOpt = 0,
@@ -169,6 +187,10 @@ def eval_cmd(
     from moefleet.predict.harness import parse_names
 
     with user_errors():
+        check_outputs(("--out", out), ("--png", png))
+        _check_tokens(max_tokens)
+        if save_traces is not None:
+            check_output_dir(save_traces, "--save-traces")
         names = parse_names(predictors)
         tests = _split_list(test)
         if not tests:
@@ -239,6 +261,11 @@ def fit_cmd(
     from moefleet.predict.harness import parse_names
 
     with user_errors():
+        check_outputs(("--out", out))
+        _check_tokens(max_tokens)
+        if out.suffix != ".npz":
+            raise MoefleetError(f"--out {out}: a predictor file is .npz (numpy arrays)",
+                                f"use e.g. -o {out.with_suffix('.npz')}")
         names = parse_names(predictor)
         if len(names) != 1:
             raise MoefleetError(f"fit takes one predictor, got {', '.join(names)}",

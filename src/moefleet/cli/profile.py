@@ -7,7 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
-from moefleet.cli.common import emit_json, out_console, progress, user_errors
+from moefleet import limits as L
+from moefleet.cli.common import check_outputs, emit_json, out_console, progress, user_errors
 from moefleet.errors import MoefleetError
 
 DEFAULT_MODEL = "minilm-moe-e8"
@@ -59,9 +60,11 @@ def profile_cmd(
     dataset: Annotated[
         str, typer.Option("--dataset", "-d", help="Dataset name[:split] or a .txt/.jsonl/.json.")
     ] = "wikitext2",
-    max_tokens: Annotated[int, typer.Option(help="Tokens to record.")] = 2048,
-    max_length: Annotated[int, typer.Option(help="Truncate each prompt to this.")] = 256,
-    batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 8,
+    max_tokens: Annotated[int, typer.Option(
+        max=L.MAX_TOKENS, help="Tokens to record.")] = 2048,
+    max_length: Annotated[int, typer.Option(
+        min=1, max=L.MAX_PROMPT_TOKENS, help="Truncate each prompt to this.")] = 256,
+    batch_size: Annotated[int, typer.Option(min=1, max=4096, help="Prompts per forward pass.")] = 8,
     attention_ids: Annotated[
         bool, typer.Option(help="Record attention ids (needs eager attention).")
     ] = True,
@@ -79,6 +82,7 @@ def profile_cmd(
     from moefleet.traces import write_trace
 
     with user_errors():
+        check_outputs(("--out", out))
         trace = run_profile(
             model, dataset, max_tokens, max_length, batch_size, attention_ids, as_json
         )

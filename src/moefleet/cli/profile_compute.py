@@ -9,7 +9,15 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from moefleet.cli.common import emit_json, err_console, out_console, progress, user_errors
+from moefleet import limits as L
+from moefleet.cli.common import (
+    check_outputs,
+    emit_json,
+    err_console,
+    out_console,
+    progress,
+    user_errors,
+)
 from moefleet.errors import MoefleetError
 
 DEFAULT_MODEL = "minilm-moe-e8"
@@ -110,7 +118,8 @@ def profile_compute_cmd(
     experts_per_layer: Annotated[
         int, typer.Option(help="Experts timed (and pooled) per MoE layer.")
     ] = 2,
-    seed: Annotated[int, typer.Option(help="Seed for inputs and the expert sample.")] = 0,
+    seed: Annotated[int, typer.Option(
+        min=0, max=L.MAX_SEED, help="Seed for inputs and the expert sample.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
 ) -> None:
     """Measure a model's compute profile: time vs tokens and threads, fitted laws.
@@ -124,8 +133,9 @@ def profile_compute_cmd(
     from moefleet.profiles import measure as m
 
     with user_errors():
-        thread_list = parse_int_list(threads, "--threads") if threads else None
-        sizes = (parse_int_list(batch_sizes, "--batch-sizes") if batch_sizes
+        check_outputs(("--out", out), ("--png", png))
+        thread_list = parse_int_list(threads, "--threads") if threads is not None else None
+        sizes = (parse_int_list(batch_sizes, "--batch-sizes") if batch_sizes is not None
                  else list(m.THOROUGH_BATCH_SIZES if thorough else m.DEFAULT_BATCH_SIZES))
         reps = repeats if repeats is not None else (
             m.THOROUGH_REPEATS if thorough else m.DEFAULT_REPEATS)

@@ -24,7 +24,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from moefleet.cli.common import emit_json, out_console, progress, user_errors
+from moefleet import limits as L
+from moefleet.cli.common import check_outputs, emit_json, out_console, progress, user_errors
 from moefleet.errors import MoefleetError
 from moefleet.io import write_json_atomic
 
@@ -35,6 +36,19 @@ def _default_store() -> str:
     from moefleet import paths
 
     return str(paths.cache_dir() / "store")
+
+
+def _check_store(store: str | None) -> None:
+    if store is not None and not store.strip():
+        raise MoefleetError("--store is empty", "name a directory or s3://bucket/prefix, or "
+                            "leave --store out for the default")
+
+
+def _check_dataset(dataset: str) -> None:
+    from moefleet.data import load_prompts, split_dataset
+
+    name, split = split_dataset(dataset)
+    load_prompts(name, split=split, limit=1)
 
 
 def _check_backend(name: str) -> None:
@@ -111,6 +125,8 @@ def deploy_cmd(
     """
     installed = 0
     with user_errors(), _stdout_to_stderr():
+        check_outputs(("--out", out))
+        _check_store(store)
         dep, _, platform, object_store = _deploy(plan, backend, store or _default_store(),
                                                  as_json)
         if _persistent(backend):
@@ -135,13 +151,15 @@ def run_cmd(
     plan: Annotated[Path | None, typer.Option(help="Plan YAML: deploy, run, tear down.")] = None,
     dataset: Annotated[str, typer.Option("--dataset", "-d", help="Dataset name[:split] or file."
                                          )] = "wikitext2",
-    tokens: Annotated[int, typer.Option(help="Tokens to run.")] = 512,
-    batch_size: Annotated[int, typer.Option(help="Prompts per batch.")] = 8,
-    max_length: Annotated[int, typer.Option(help="Truncate each prompt to this.")] = 128,
+    tokens: Annotated[int, typer.Option(min=1, max=L.MAX_TOKENS, help="Tokens to run.")] = 512,
+    batch_size: Annotated[int, typer.Option(min=1, max=4096, help="Prompts per batch.")] = 8,
+    max_length: Annotated[int, typer.Option(
+        min=1, max=L.MAX_PROMPT_TOKENS, help="Truncate each prompt to this.")] = 128,
     backend: Annotated[str, typer.Option(help="Function backend (with --plan).")] = "local",
     store: Annotated[str | None, typer.Option(help="Object store (with --plan; default: a "
                                               "temporary directory).")] = None,
-    workers: Annotated[int | None, typer.Option(help="Local worker processes.")] = None,
+    workers: Annotated[int | None, typer.Option(
+        min=1, max=L.MAX_WORKERS, help="Local worker processes.")] = None,
     check: Annotated[bool, typer.Option(help="Compare outputs with the monolithic model.")
                      ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable results.")] = False,
@@ -156,6 +174,9 @@ def run_cmd(
         if (deployment is None) == (plan is None):
             raise MoefleetError("pass exactly one of --deployment and --plan",
                                 "e.g. moefleet run --plan plan.yaml")
+        check_outputs(("--out", out))
+        _check_store(store)
+        _check_dataset(dataset)  # before a deployment uploads anything
         with tempfile.TemporaryDirectory(prefix="moefleet-store-") as tmp:
             summary = _run(deployment, plan, dataset, tokens, batch_size, max_length, backend,
                            store or tmp, workers, check, as_json)

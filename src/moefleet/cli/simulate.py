@@ -21,7 +21,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from moefleet.cli.common import emit_json, out_console, progress, user_errors
+from moefleet import limits as L
+from moefleet.cli.common import check_outputs, emit_json, out_console, progress, user_errors
 from moefleet.errors import MoefleetError
 
 DEFAULT_PLATFORM = "aws-lambda"
@@ -67,7 +68,40 @@ def _arrivals(workload: str, duration: float, seed: int) -> tuple[Any, dict[str,
     from moefleet.workloads import load_workload
 
     wl = load_workload(workload)
+    wl.check_budget(duration)
     return wl.arrivals(duration, seed), wl.describe()
+
+
+def check_sim_budget(arrivals: list[Any], kw: dict[str, Any], decoder: bool) -> None:
+    """Refuse a simulation whose request x token steps exceed MAX_SIM_TOKEN_STEPS."""
+    from moefleet.errors import check_limit
+
+    check_limit("simulated requests", len(arrivals), L.MAX_ARRIVALS)
+    steps = 0
+    for a in arrivals:
+        prompt = a.prompt_tokens if a.prompt_tokens is not None else kw["prompt_tokens"]
+        out = a.output_tokens if a.output_tokens is not None else kw["output_tokens"]
+        steps += 1 + (out if decoder else 0)
+        if prompt > L.MAX_PROMPT_TOKENS:
+            check_limit("prompt tokens of one request", prompt, L.MAX_PROMPT_TOKENS)
+    check_limit("simulated requests x decode steps", steps, L.MAX_SIM_TOKEN_STEPS)
+
+
+def _check_consistent(plan: Any, profile: Any, router: Any, profile_path: Path | None,
+                      trace_path: Path | None) -> None:
+    """Plan, profile and routing trace describe one model (same MoE layers and experts)."""
+    if (profile_path is not None and profile.model != plan.model
+            and not plan.model.startswith("synthetic:")
+            and not profile.model.startswith("synthetic:")):
+        raise MoefleetError(
+            f"--profile was measured on '{profile.model}', the plan is for '{plan.model}'",
+            "use a profile of the planned model (moefleet profile-compute)")
+    if router is not None:
+        plan_e = [len(lp.experts) for lp in plan.layers]
+        if list(router.num_experts) != plan_e:
+            raise MoefleetError(
+                f"--trace {trace_path} routes to {list(router.num_experts)} experts per MoE "
+                f"layer, the plan has {plan_e}", "use a trace recorded on the planned model")
 
 
 def run_simulation(*, plan_path: Path | None, model: str | None, memory: int | None,
@@ -76,6 +110,7 @@ def run_simulation(*, plan_path: Path | None, model: str | None, memory: int | N
                    duration: float, policy: str, platform: str | None, seed: int,
                    sim_kw: dict[str, Any], decoder: bool | None,
                    json_mode: bool) -> tuple[Any, dict[str, Any]]:
+    slo = sim_kw.get("slo_s")
     from moefleet.autoscale import make_policy
     from moefleet.plan import DeploymentPlan
     from moefleet.platform import load_platform
@@ -84,6 +119,11 @@ def run_simulation(*, plan_path: Path | None, model: str | None, memory: int | N
     if duration < 0:
         raise MoefleetError(f"--duration must be >= 0 seconds, got {duration:g}",
                             "pass e.g. --duration 600")
+    if method not in ("direct", "storage", "pipelined"):
+        raise MoefleetError(f"--method {method!r} is not known",
+                            "choose one of direct, storage, pipelined")
+    if slo is not None and not slo > 0:
+        raise MoefleetError(f"--slo must be > 0 seconds, got {slo:g}", "e.g. --slo 2")
     if (plan_path is None) == (model is None):
         raise MoefleetError("give either --plan or --model (with --memory)",
                             "e.g. --model synthetic:blocks=12,experts=8 --memory 2048")
@@ -110,6 +150,7 @@ def run_simulation(*, plan_path: Path | None, model: str | None, memory: int | N
         plan = DeploymentPlan.uniform(model_name, spec.name, list(profile.moe_layers), experts,
                                       len(profile.segments), memory, method,  # type: ignore[arg-type]
                                       replicas=replicas, beta=beta)
+    _check_consistent(plan, profile, router, profile_path, trace_path)
     if router is None:
         k = top_k or facts.get("top_k") or 2
         router = DistributionRouter.uniform([len(lp.experts) for lp in plan.layers], int(k))
@@ -122,6 +163,7 @@ def run_simulation(*, plan_path: Path | None, model: str | None, memory: int | N
     sim = Simulator(plan, profile, spec, router=router, config=cfg,
                     policy=make_policy(policy), seed=seed, decoder=decoder)
     arrivals, described = _arrivals(workload, duration, seed)
+    check_sim_budget(arrivals, kw, decoder)
     with progress() as bar:
         task = bar.add_task(f"simulating {len(arrivals)} requests", total=max(duration, 1e-9))
 
@@ -160,31 +202,40 @@ def simulate_cmd(
     model: Annotated[str | None, typer.Option(
         "--model", "-m", help="Model for a uniform plan: zoo name, dir, or "
         "synthetic:blocks=12,experts=8,top_k=2,hidden=768.")] = None,
-    memory: Annotated[int | None, typer.Option(help="MB per function (uniform plan).")] = None,
+    memory: Annotated[int | None, typer.Option(
+        min=1, max=10**7, help="MB per function (uniform plan).")] = None,
     method: Annotated[str, typer.Option(help="Uniform plan: direct|storage|pipelined.")] = (
         "direct"),
-    replicas: Annotated[int, typer.Option(help="Uniform plan: replicas per expert.")] = 1,
-    beta: Annotated[int, typer.Option(help="Uniform plan: pipelined minibatch.")] = 1,
+    replicas: Annotated[int, typer.Option(
+        min=1, max=L.MAX_REPLICAS, help="Uniform plan: replicas per expert.")] = 1,
+    beta: Annotated[int, typer.Option(
+        min=1, max=L.MAX_BATCH_TOKENS, help="Uniform plan: pipelined minibatch.")] = 1,
     profile: Annotated[Path | None, typer.Option(help="Compute profile JSON.")] = None,
     trace: Annotated[Path | None, typer.Option(help="Routing trace .parquet.")] = None,
     routing: Annotated[str, typer.Option(help="With --trace: rows|distribution.")] = "rows",
-    top_k: Annotated[int | None, typer.Option(help="Uniform routing: experts per token.")] = None,
+    top_k: Annotated[int | None, typer.Option(
+        min=1, max=1024, help="Uniform routing: experts per token.")] = None,
     workload: Annotated[str, typer.Option(
         "--workload", "-w", help="Spec (poisson:rate=5, bursty:rate=5,cv=3, step:..., "
         "azure-fn:..., azure-llm:trace=conv) or an arrivals .csv.")] = "poisson:rate=1",
-    duration: Annotated[float, typer.Option(help="Seconds of arrivals.")] = 60.0,
+    duration: Annotated[float, typer.Option(
+        min=0.0, max=L.MAX_DURATION_S, help="Seconds of arrivals.")] = 60.0,
     policy: Annotated[str, typer.Option(help="static|hpa|elasticmoe.")] = "static",
     platform: Annotated[str | None, typer.Option(help="Platform (default: the plan's).")] = None,
-    seed: Annotated[int, typer.Option(help="Seed (arrivals, routing).")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=L.MAX_SEED, help="Seed (arrivals, routing).")] = 0,
     scaling: Annotated[str | None, typer.Option(
         help="on-demand|replicas (default: on-demand for static, replicas otherwise).")] = None,
     slo: Annotated[float | None, typer.Option(help="End-to-end latency SLO (s).")] = None,
-    keep_alive: Annotated[float, typer.Option(help="Idle instance lifetime (s).")] = 600.0,
-    concurrency: Annotated[int, typer.Option(help="Calls per instance.")] = 1,
-    interval: Annotated[float, typer.Option(help="Metrics/policy interval (s).")] = 10.0,
+    keep_alive: Annotated[float, typer.Option(
+        min=0.0, max=L.MAX_DURATION_S, help="Idle instance lifetime (s).")] = 600.0,
+    concurrency: Annotated[int, typer.Option(min=1, max=10_000, help="Calls per instance.")] = 1,
+    interval: Annotated[float, typer.Option(
+        min=0.001, max=L.MAX_DURATION_S, help="Metrics/policy interval (s).")] = 10.0,
     decode: Annotated[str, typer.Option(help="batched|per-request.")] = "batched",
-    prompt_tokens: Annotated[int, typer.Option(help="When the workload has none.")] = 128,
-    output_tokens: Annotated[int, typer.Option(help="When the workload has none.")] = 0,
+    prompt_tokens: Annotated[int, typer.Option(
+        min=1, max=L.MAX_PROMPT_TOKENS, help="When the workload has none.")] = 128,
+    output_tokens: Annotated[int, typer.Option(
+        min=0, max=L.MAX_PROMPT_TOKENS, help="When the workload has none.")] = 0,
     decoder: Annotated[bool | None, typer.Option(
         "--decoder/--encoder", help="Generate output tokens (default: from the model).")] = None,
     prewarm: Annotated[bool, typer.Option(help="Start with warm instances.")] = False,
@@ -198,6 +249,7 @@ def simulate_cmd(
     --workload "bursty:rate=5,cv=3" --duration 600 --policy hpa --png timeline.png
     """
     with user_errors():
+        check_outputs(("--out", out), ("--png", png))
         sim_kw: dict[str, Any] = {
             "scaling": scaling, "slo_s": slo, "keep_alive_s": keep_alive,
             "concurrency": concurrency, "interval_s": interval, "decode": decode,

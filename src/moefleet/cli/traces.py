@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from moefleet.cli.common import emit_json, out_console, user_errors
+from moefleet.cli.common import check_outputs, emit_json, out_console, user_errors
 
 app = typer.Typer(help="Inspect routing traces.", no_args_is_help=True)
 
@@ -28,6 +28,7 @@ def show_cmd(
     from moefleet.traces import read_trace
 
     with user_errors():
+        check_outputs(("--png", png))
         summary = routing_summary(read_trace(trace))
         if png is not None:
             routing_png(summary, png)

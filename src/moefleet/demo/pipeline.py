@@ -10,12 +10,16 @@ Stages, each cached or measured as it says:
 4. predictor: the Bayesian token-feature predictor fitted on the first part;
 5. BO + ODS: Alg. 2 on the BO batches, objective billed by the analytical model;
 6. plans for the workload: BO-adjusted predictions, unadjusted predictions, the real
-   distribution (oracle), LambdaML; each billed on the workload's real routing by the
-   analytical model (rules (i)-(iii) applied, as a deployment would be repaired), and the
-   CPU cluster's cost for the same work;
-7. measured run: every serverless plan deployed on the local backend and the workload
-   run through it: billed cost by the meter and throughput, outputs checked against the
-   monolithic model.
+   distribution (oracle), LambdaML; each billed as planned on the workload's real routing
+   by the analytical model (no rule (i)-(iii) repair: a deployment knows only its
+   predictions, so a plan that breaks a constraint on the real counts is reported so),
+   and the CPU cluster's cost for the same work;
+7. measured run: every serverless plan, exactly as planned, deployed on the local backend
+   (memory and vCPU limits on, emulated: runtime/local_limits.py) and the workload run
+   through it as the one batch it was planned as: billed by the meter (expert invocations
+   plus the object-store requests the segment functions make for the MoE layers) and
+   throughput, outputs checked against the monolithic model. A run that fails (out of
+   memory, payload) is reported with its error.
 
 Invariant: the workload's routing is used only by the oracle plan and for billing.
 """
@@ -186,9 +190,9 @@ def prepare(cfg: DemoConfig, say: Say = print, progress: Progress = _quiet) -> P
 def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
              progress: Progress = _quiet) -> dict[str, Any]:
     """Run every stage; returns the report dict (also written by the caller)."""
-    from moefleet.plan import LambdaMLPlanner, OdsPlanner, cpu_cluster_cost
+    from moefleet.plan import LambdaMLPlanner, OdsPlanner, cpu_cluster_cost, evaluate
     from moefleet.plan.bo import BayesOpt, BOConfig
-    from moefleet.plan.bo_eval import apply_rules, counts_for_plan
+    from moefleet.plan.bo_eval import counts_for_plan
     from moefleet.platform import load_platform
     from moefleet.traces import write_trace
 
@@ -214,15 +218,15 @@ def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
     plans["oracle"] = (ods.plan(real), workload.real_LE.astype(float))
     plans["lambdaml"] = (LambdaMLPlanner().plan(real), workload.real_LE.astype(float))
     rows: dict[str, dict[str, Any]] = {}
-    for name, (plan, pred) in plans.items():
-        out = apply_rules(real, plan, pred, bo_cfg.margin)
-        est = out.estimate
+    for name, (plan, _pred) in plans.items():
+        est = evaluate(real, plan)  # as planned, on the real counts: no repair
         rows[name] = {"kind": "serverless", "cost_usd": est.cost_usd,
                       "latency_s": est.latency_s, "slo_met": est.latency_s <= slo + 1e-9,
                       "feasible": est.feasible, "violations": est.violations[:3],
-                      "added_replicas": out.added_replicas,
-                      "throughput_tokens_per_s": workload.tokens / est.latency_s}
-        out.plan.save(out_dir / f"plan_{name}.yaml")
+                      "throughput_tokens_per_s": workload.tokens / est.latency_s,
+                      "min_memory_mb": min(ec.memory_mb for lp in plan.layers
+                                           for ec in lp.experts)}
+        plan.save(out_dir / f"plan_{name}.yaml")
     cluster = cpu_cluster_cost(real, prep.profile, load_platform(cfg.cluster))
     rows["cpu_cluster"] = {"kind": "cluster", "cost_usd": cluster.cost_usd,
                            "moe_prorated_usd": cluster.moe_prorated_usd,
@@ -243,6 +247,9 @@ def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
         "model": cfg.model, "platform": cfg.platform, "cluster": cfg.cluster,
         "slo_s": slo, "workload": {"dataset": prep.work_dataset, "tokens": workload.tokens},
         "bo": bo.summary(), "bo_history": bo.history, "plans": rows,
+        "memory": {"runtime_bytes": prep.profile.runtime_bytes,
+                   "intermediate_bytes_per_token": {
+                       str(k): v for k, v in prep.profile.intermediate_bytes_per_token.items()}},
         "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
         "wall_s": time.perf_counter() - t_start,
     }
@@ -251,28 +258,57 @@ def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
 def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, dataset: str,
             cfg: DemoConfig, progress: Callable[[int, int], None] | None = None,
             ) -> dict[str, Any]:
-    """Deploy a plan on the local backend, run the workload's requests, bill it."""
+    """Deploy a plan as saved on the local backend (limits on), run the workload as the
+    one batch it was planned for, bill it (module doc, stage 7)."""
     import tempfile
 
     from moefleet.plan import DeploymentPlan
-    from moefleet.platform import open_store
+    from moefleet.platform import Meter, open_store
     from moefleet.runtime.runner import make_batches
-    from moefleet.runtime.session import run_plan
+    from moefleet.runtime.session import open_deployment
 
     plan = DeploymentPlan.load(plan_path)
     rids, texts = _workload_texts(work, dataset)
-    batches = make_batches(adapter, rids, texts, max_tokens=work.num_tokens,
-                           max_length=cfg.max_length, batch_size=8)
-    options: dict[str, Any] = {} if cfg.workers is None else {"workers": cfg.workers}
-    with tempfile.TemporaryDirectory(prefix="moefleet-demo-store-") as tmp:
-        s = run_plan(plan, batches, platform=spec, store=open_store(tmp), adapter=adapter,
-                     backend="local", backend_options=options, reference=adapter,
-                     progress=progress)
-    moe = s["cost_usd"]["by_kind"].get("expert", 0.0)
-    return {"moe_cost_usd": moe, "total_cost_usd": s["cost_usd"]["total"],
-            "throughput_tokens_per_s": s["throughput_tokens_per_s"], "tokens": s["tokens"],
-            "cold_starts": s["cold_starts"], "invocations": s["invocations"],
-            "max_abs_diff": s["max_abs_diff"]}
+    (batch,) = make_batches(adapter, rids, texts, max_tokens=work.num_tokens,
+                            max_length=cfg.max_length, batch_size=len(rids))
+    options: dict[str, Any] = {"limits": True}
+    if cfg.workers is not None:
+        options["workers"] = cfg.workers
+    with tempfile.TemporaryDirectory(prefix="moefleet-demo-store-") as tmp, \
+            open_deployment(plan, platform=spec, store=open_store(tmp), adapter=adapter,
+                            backend="local", backend_options=options) as session:
+        backend: Any = session.backend  # LocalBackend: stats() has the limit counters
+        t0 = time.perf_counter()
+        try:
+            res = session.run_batch(*batch)
+        except MoefleetError as err:
+            stats = backend.stats()
+            return {"error": err.message, "limits": stats.get("limits"),
+                    "out_of_memory": stats.get("out_of_memory")}
+        wall = time.perf_counter() - t0
+        client_puts, client_gets = session.executor.client_requests()
+        stats = backend.stats()
+    if progress:
+        progress(1, 1)
+    meter = Meter(spec)
+    expert = segment_store = segment_total = 0.0
+    for rec in res.records:
+        parts = meter.add(rec)
+        if rec.kind == "expert":
+            expert += parts.total
+        else:
+            segment_store += parts.storage
+            segment_total += parts.total
+    client = meter.add_storage(client_puts, client_gets, function="<executor>").total
+    diff = float((res.output - adapter.reference_forward(batch[0], batch[1])).abs().max())
+    return {"moe_cost_usd": expert + segment_store + client,
+            "expert_cost_usd": expert, "segment_store_usd": segment_store,
+            "client_store_usd": client, "total_cost_usd": expert + segment_total + client,
+            "latency_s": res.latency_s, "wall_s": wall,
+            "throughput_tokens_per_s": res.tokens / res.latency_s, "tokens": res.tokens,
+            "positions": res.positions, "cold_starts": sum(r.cold for r in res.records),
+            "invocations": len(res.records), "max_abs_diff": diff,
+            "cpu_stretch_s": stats["cpu_stretch_s"], "limits": stats["limits"]}
 
 
 def _workload_texts(work: Any, dataset: str) -> tuple[list[str], list[str]]:

@@ -10,17 +10,26 @@ directory holds the build report (fidelity, timings ...) and a manifest of every
 sha256; loading verifies the manifest and rebuilds an entry whose files were corrupted
 or removed since the build.
 
+Builds of one entry are serialised by a per-entry file lock (a second build waits and
+is told who holds the lock, then reuses the finished build), and temporary directories
+left by an interrupted build are removed by the next build of that entry.
+
 Override the cache location with ``$MOEFLEET_CACHE_DIR``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
+import os
 import shutil
+import socket
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +41,8 @@ from moefleet.paths import cache_dir
 
 # progress(done, total, description)
 ProgressFn = Callable[[int, int, str], None]
+# on_wait(message): another process holds the entry's build lock
+WaitFn = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -108,25 +119,79 @@ def is_built(name: str) -> bool:
     return (model_dir(name) / "build.json").is_file()
 
 
-def build(name: str, *, force: bool = False, progress: ProgressFn | None = None) -> Path:
-    """Build ``name`` unless a finished build is cached; return its directory."""
+def lock_path(name: str) -> Path:
+    """The lock file that serialises builds of one entry (beside its directory)."""
+    target = model_dir(name)
+    return target.parent / f".{target.name}.lock"
+
+
+@contextlib.contextmanager
+def entry_lock(name: str, on_wait: WaitFn | None = None) -> Iterator[None]:
+    """Hold the per-entry build lock (``fcntl.flock``; released by the kernel if the
+    holder dies, so a killed build never blocks the next one). A second builder waits,
+    and ``on_wait`` is told who holds the lock (pid, host, start time)."""
+    path = lock_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            (on_wait or (lambda msg: _log.warning("%s", msg)))(
+                f"{name} is being built by {holder}; waiting for it to finish")
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"pid {os.getpid()} on {socket.gethostname()} since "
+                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            fh.flush()
+            yield
+        finally:
+            fh.seek(0)
+            fh.truncate()
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _clean_stale(target: Path) -> list[Path]:
+    """Remove temporary build directories of ``target`` left by interrupted builds.
+    Only called under the entry lock: no live build owns one then."""
+    stale = [p for p in target.parent.glob(f".{target.name}.*")
+             if p.is_dir() and not p.name.endswith(".lock")]
+    for p in stale:
+        _log.warning("removing %s, left by an interrupted build", p)
+        shutil.rmtree(p, ignore_errors=True)
+    return stale
+
+
+def build(name: str, *, force: bool = False, progress: ProgressFn | None = None,
+          on_wait: WaitFn | None = None) -> Path:
+    """Build ``name`` unless a finished build is cached; return its directory.
+
+    Safe under concurrency: builds of one entry are serialised by :func:`entry_lock`; a
+    builder that waited reuses the build the holder finished (unless ``force``)."""
     entry = get_entry(name)
     target = model_dir(name)
     if is_built(name) and not force:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        report = entry.build(tmp, dict(entry.recipe), progress)
-        report = {"name": entry.name, "key": entry.key(), "recipe": entry.recipe, **report}
-        report["manifest"] = _manifest(tmp)
-        write_json_atomic(tmp / "build.json", report)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    with entry_lock(name, on_wait):
+        if is_built(name) and not force:  # built by the process we waited for
+            return target
+        _clean_stale(target)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            report = entry.build(tmp, dict(entry.recipe), progress)
+            report = {"name": entry.name, "key": entry.key(), "recipe": entry.recipe, **report}
+            report["manifest"] = _manifest(tmp)
+            write_json_atomic(tmp / "build.json", report)
+            if target.exists():
+                shutil.rmtree(target)
+            tmp.rename(target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

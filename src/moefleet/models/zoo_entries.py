@@ -11,6 +11,7 @@ from typing import Any
 from moefleet.models.base import MoEModelAdapter
 from moefleet.models.moefy import entries as _moefy  # noqa: F401  (registers minilm-moe-*)
 from moefleet.models.tinylm import entry as _tinylm  # noqa: F401  (registers tiny-moe-lm)
+from moefleet.models.tinylm import finegrain_entry as _e32  # noqa: F401  (tiny-moe-lm-e32)
 from moefleet.models.zoo import ProgressFn, ZooEntry, register
 
 

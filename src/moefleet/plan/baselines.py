@@ -29,6 +29,7 @@ from moefleet.plan.base import (
     build_plan,
     infeasible_for,
 )
+from moefleet.plan.costmodel import direct_fits
 from moefleet.plan.frontier import ExpertChoice
 from moefleet.plan.plan import DeploymentPlan
 from moefleet.plan.problem import InfeasibleError, PlanningProblem
@@ -74,7 +75,7 @@ class LambdaMLPlanner(Planner):
         Frontiers(problem).check_feasible()  # the same message as every planner
         mem = problem.platform.baseline_memory()
         worst = problem.tokens * max(problem.bytes_in, problem.bytes_out)
-        method = 3 if worst <= problem.payload_limit_bytes else 2
+        method = 3 if direct_fits(problem, problem.tokens) else 2
         layers = [
             LayerChoice(method, 1, [ExpertChoice(mem, 1)] * e) for e in problem.num_experts
         ]

@@ -17,12 +17,15 @@ Key ranges (our reading of the paper, and where we had to decide):
 - P, the full range: any MoE layer, token id and attention id seen in the table, any
   position up to the largest seen, any expert; index k decodes to a key through a
   generator seeded by k, so it may create keys the profile never saw.
-- Values: counts 0..``value_max``; writing 0 removes a key.
+- Values: counts 0..``value_max``; writing 0 removes a key; -1 leaves pair q unwritten.
 
-Iteration 0 evaluates the unadjusted predictions (no pairs), so the best cost BO reports is
-never worse than the unadjusted plan's. Convergence (Alg. 2 line 33): stop when the best
-cost has improved by less than ``threshold`` (relative) over the last ``patience``
-iterations, or after ``max_iters``.
+Iteration 0 evaluates the unadjusted predictions (no pairs: every value -1) and enters the
+sampler's history as a completed trial, so the first epsilon-greedy move starts from it
+(a few pairs written), not from a random table rewrite. The best cost BO reports is
+therefore never worse than the unadjusted plan's. Each iteration's replication rules set
+its epsilon decay (:mod:`moefleet.plan.bo_samplers`: a rule firing slows the decay).
+Convergence (Alg. 2 line 33): stop when the best cost has improved by less than
+``threshold`` (relative) over the last ``patience`` iterations, or after ``max_iters``.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ class BOConfig:
     mu: float = 0.8  # share of pairs exploring L
     eps0: float = 0.5
     rho: float = 0.1  # base decay
-    rho_rules: tuple[float, float, float] = (0.05, 0.03, 0.01)  # rho1 > rho2 > rho3
+    # rho1 (memory) > rho2 (payload) > rho3 (no replica), all < rho: slower decay
+    rho_rules: tuple[float, float, float] = (0.05, 0.03, 0.01)
     slow: float = 2.0  # epsilon factor of the L pairs (> 1: slower decay)
     margin: float = 0.1  # sigma, as a fraction of the real tokens per replica (>= 1 token)
     value_max: int = 32
@@ -80,6 +84,9 @@ class BOConfig:
             (0 < self.eps0 <= 1, f"eps0 must be in (0, 1], got {self.eps0}"),
             (self.margin >= 0, f"margin must be >= 0, got {self.margin}"),
             (self.value_max >= 1, f"value_max must be >= 1, got {self.value_max}"),
+            (self.rho >= self.rho_rules[0] >= self.rho_rules[1] >= self.rho_rules[2] >= 0,
+             f"need rho >= rho1 >= rho2 >= rho3 >= 0 (a rule slows the decay), got rho "
+             f"{self.rho}, rules {self.rho_rules}"),
             (self.patience >= 1, f"patience must be >= 1, got {self.patience}"),
             (self.max_iters >= 1, f"max_iters must be >= 1, got {self.max_iters}"),
             (self.slo_penalty >= 1, f"slo_penalty must be >= 1, got {self.slo_penalty}"),
@@ -240,8 +247,18 @@ class BayesOpt:
                         int(rng.integers(self.shape.num_experts[li])))
 
     def pairs_of(self, params: dict[str, Any]) -> list[tuple[TableKey, int]]:
+        """The pairs a trial writes (a value of -1 leaves pair q out)."""
         return [(self.decode(q, int(params[f"k{q}"])), int(params[f"v{q}"]))
-                for q in range(self.config.pairs)]
+                for q in range(self.config.pairs) if int(params[f"v{q}"]) >= 0]
+
+    def _distributions(self) -> dict[str, Any]:
+        from optuna.distributions import IntDistribution
+
+        out: dict[str, Any] = {}
+        for q in range(self.config.pairs):
+            out[f"k{q}"] = IntDistribution(0, KEY_SPACE - 1)
+            out[f"v{q}"] = IntDistribution(-1, self.config.value_max)
+        return out
 
     # -- the loop ---------------------------------------------------------------------
     def run(self, progress: Callable[[int, int, float], None] | None = None) -> BOResult:
@@ -261,6 +278,11 @@ class BayesOpt:
                                seed=cfg.seed)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(direction="minimize", sampler=sampler)
+        dists = self._distributions()
+        study.add_trial(optuna.trial.create_trial(  # iteration 0: no pair written
+            params={n: (0 if n[0] == "k" else -1) for n in dists}, distributions=dists,
+            value=baseline.cost))
+        self._slow_decay(sampler, 0, baseline)
         best, best_pairs = baseline, []
         history = [self._row(0, baseline, baseline.cost, time.perf_counter() - start)]
         converged = False
@@ -270,16 +292,13 @@ class BayesOpt:
             params = {}
             for q in range(cfg.pairs):
                 params[f"k{q}"] = trial.suggest_int(f"k{q}", 0, KEY_SPACE - 1)
-                params[f"v{q}"] = trial.suggest_int(f"v{q}", 0, cfg.value_max)
+                params[f"v{q}"] = trial.suggest_int(f"v{q}", -1, cfg.value_max)
             pairs = self.pairs_of(params)
             with write_pairs(self.predictor, pairs):
                 ev = self.evaluate()
             value = ev.cost if np.isfinite(ev.cost) else 10.0 * max(baseline.cost, 1e-12)
             study.tell(trial, value)
-            if isinstance(sampler, EpsilonGreedySampler):
-                for rule, rho_r in zip(RULES, cfg.rho_rules, strict=True):
-                    if any(o.rules.get(rule, 0) for o in ev.outcomes):
-                        sampler.decay(rho_r)
+            self._slow_decay(sampler, it, ev)
             if ev.cost < best.cost:
                 best, best_pairs = ev, pairs
             history.append(self._row(it, ev, best.cost, time.perf_counter() - start))
@@ -293,6 +312,13 @@ class BayesOpt:
         return BOResult(self.predictor, best_pairs, baseline, best, history, it, converged,
                         time.perf_counter() - start, cfg.sampler,
                         limited_range=len(self._limited))
+
+    def _slow_decay(self, sampler: Any, it: int, ev: Evaluation) -> None:
+        """Tell an epsilon sampler which replication rules iteration ``it`` fired."""
+        if isinstance(sampler, EpsilonGreedySampler):
+            for rule, rho_r in zip(RULES, self.config.rho_rules, strict=True):
+                if any(o.rules.get(rule, 0) for o in ev.outcomes):
+                    sampler.slow_decay(it, rho_r)
 
     @staticmethod
     def _row(it: int, ev: Evaluation, best: float, wall: float) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moefleet.errors import DataError
-from moefleet.plan.costmodel import Estimate, evaluate, memory_need_bytes
+from moefleet.plan.costmodel import Estimate, direct_fits, evaluate, memory_need_bytes
 from moefleet.plan.plan import DeploymentPlan
 from moefleet.plan.problem import MB, PlanningProblem
 from moefleet.predict._trace import TraceArrays
@@ -127,8 +127,8 @@ class BatchOutcome:
 
 def _fit_tokens(problem: PlanningProblem, li: int, mem_mb: int) -> int:
     """Most tokens one replica can hold in ``mem_mb`` (eq. 12c solved for r)."""
-    free = mem_mb * MB - problem.expert_param_bytes[li] - problem.intermediate_bytes
-    per = problem.bytes_in + problem.bytes_out
+    free = mem_mb * MB - int(memory_need_bytes(problem, li, 0))
+    per = problem.bytes_in + problem.bytes_out + problem.inter_per_token(li)
     return max(0, int(free // per)) if per > 0 else 1 << 30
 
 
@@ -156,8 +156,11 @@ def apply_rules(problem_real: PlanningProblem, plan: DeploymentPlan, pred_LE: np
                 fit = _fit_tokens(problem_real, li, ec.memory_mb)
                 g_new = math.ceil(int(d_real[i]) / fit) if fit > 0 else g
                 rules["memory"] += 1
-            elif lp.method == "direct" and r_real * width > limit:
+            elif lp.method == "direct" and not direct_fits(problem_real, r_real):
                 g_new = math.ceil(int(d_real[i]) * width / limit)
+                while g_new < problem_real.max_replicas and not direct_fits(
+                        problem_real, math.ceil(int(d_real[i]) / g_new)):
+                    g_new += 1  # the envelope and gate weights: one more replica at a time
                 rules["payload"] += 1
             else:
                 rules["none"] += 1

@@ -16,10 +16,13 @@ one.
   the best vector unchanged would only repeat a deterministic evaluation).
 - ``random`` and ``tpe`` come from Optuna itself (:func:`make_sampler`).
 
-Decay (Alg. 2 line 3, our reading): eps_tau = eps0 * f / (1 + rho * tau), where f is the
-product of the rule factors 1 / (1 + rho_rule) the loop reports via :meth:`decay`, and
-the first ``limited`` pairs (those exploring the limited range L) decay ``slow`` times
-more slowly (their epsilon is multiplied by ``slow``, capped at 1).
+Decay (Alg. 2 line 3 and lines 13-21, our reading): eps_tau = eps0 / (1 + sum_{t<tau}
+rho_t), where rho_t = rho for an iteration in which no replication rule fired and the
+rule's own smaller rate (rho1 for memory, rho2 for payload, rho3 for no replica;
+rho3 < rho2 < rho1 < rho) when one did (:meth:`slow_decay`; the smallest when several
+did): a rule firing *slows* the decay, as the paper has it. With no rule ever firing,
+eps_tau = eps0 / (1 + rho * tau). The first ``limited`` pairs (those exploring the limited
+range L) decay more slowly still (their epsilon is multiplied by ``slow``, capped at 1).
 """
 
 from __future__ import annotations
@@ -51,18 +54,23 @@ class EpsilonGreedySampler(BaseSampler):
         self.eps0, self.rho, self.slow = eps0, rho, slow
         self.multi, self.gp, self.candidates = multi, gp, candidates
         self.kappa, self.lengthscale = kappa, lengthscale
-        self._factor = 1.0
+        self._rates: dict[int, float] = {}  # iteration -> its decay rate, where below rho
         self._rng = np.random.default_rng(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
 
     # -- epsilon ---------------------------------------------------------------------
-    def decay(self, rho_rule: float) -> None:
-        """Apply a rule's extra decay (Alg. 2 line 20): epsilon /= 1 + rho_rule."""
-        self._factor /= 1.0 + rho_rule
+    def slow_decay(self, iteration: int, rho_rule: float) -> None:
+        """Iteration ``iteration`` fired a rule whose rate is ``rho_rule`` (< rho): that
+        iteration decays epsilon by 1 + rho_rule instead of 1 + rho (module doc)."""
+        if not 0 <= rho_rule <= self.rho:
+            raise ValueError(f"a rule's decay rate must be in [0, rho={self.rho}], got {rho_rule}")
+        self._rates[iteration] = min(rho_rule, self._rates.get(iteration, self.rho))
 
     def epsilon(self, tau: int) -> np.ndarray:
-        """eps_Q at trial index ``tau`` (0-based)."""
-        base = self.eps0 * self._factor / (1.0 + self.rho * tau)
+        """eps_Q for the trial drawn after ``tau`` completed iterations (iteration 0, the
+        unadjusted predictor, included)."""
+        spent = sum(self._rates.get(t, self.rho) for t in range(tau))
+        base = self.eps0 / (1.0 + spent)
         eps = np.full(self.pairs, base)
         eps[: self.limited] = np.minimum(1.0, base * self.slow)
         return eps

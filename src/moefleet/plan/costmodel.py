@@ -51,6 +51,7 @@ import numpy as np
 
 from moefleet.plan.plan import METHOD_CODES, DeploymentPlan
 from moefleet.plan.problem import MB, PlanningProblem
+from moefleet.platform.inline import GATE_WEIGHT_BYTES, PACKET_ENVELOPE_BYTES
 
 _TOL = 1e-9  # seconds; latency comparisons against the SLO
 
@@ -63,7 +64,7 @@ class Rates:
     acc_s: float  # T_acc
     bs: float  # B_s, storage bandwidth
     bf: float  # B_f, function-to-function bandwidth
-    payload: int  # D_P, synchronous payload limit
+    payload: int  # D_P: inline packet budget (eq. 12f; platform.inline)
     gran_s: float  # billing granularity
     min_billed_s: float
     per_request: float
@@ -86,7 +87,7 @@ class Rates:
             acc_s=s.storage.access_latency_s,
             bs=s.storage.bandwidth_bytes_per_s,
             bf=s.network.function_bandwidth_bytes_per_s,
-            payload=s.limits.sync_payload_bytes,
+            payload=problem.payload_limit_bytes,
             gran_s=s.billing.granularity_ms / 1000.0,
             min_billed_s=s.billing.min_billed_ms / 1000.0,
             per_request=s.prices.per_request,
@@ -186,12 +187,20 @@ def layer_latency(
 
 
 def memory_need_bytes(problem: PlanningProblem, li: int, r: Any) -> Any:
-    """Bytes an expert function must hold (eq. 12c): P + M^inter + r·(D_in + D_out)."""
+    """Bytes an expert function must hold (eq. 12c): F + P + M^inter + r·(D_in + D_out + m)
+    (module doc); never below the runtime footprint F, even with no tokens."""
     return (
-        problem.expert_param_bytes[li]
+        problem.runtime_bytes
+        + problem.expert_param_bytes[li]
         + problem.intermediate_bytes
-        + r * (problem.bytes_in + problem.bytes_out)
+        + r * (problem.bytes_in + problem.bytes_out + problem.inter_per_token(li))
     )
+
+
+def direct_fits(problem: PlanningProblem, r: Any) -> Any:
+    """Eq. 12f: a direct replica of ``r`` tokens sends and returns its packet inline."""
+    per = max(problem.bytes_in + GATE_WEIGHT_BYTES, problem.bytes_out)
+    return np.asarray(r) * per + PACKET_ENVELOPE_BYTES <= problem.payload_limit_bytes
 
 
 @dataclass(frozen=True)
@@ -263,10 +272,10 @@ def evaluate(problem: PlanningProblem, plan: DeploymentPlan) -> Estimate:
                 bad.append(f"{where}: needs {need / MB:.1f} MB, has {mem} MB (eq. 12c)")
             if d[i] == 0:
                 continue  # not invoked: nothing to bill, nothing to wait for
-            if a == 3 and r * max(problem.bytes_in, problem.bytes_out) > rates.payload:
+            if a == 3 and not direct_fits(problem, r):
                 bad.append(
-                    f"{where}: direct payload {r} tokens x "
-                    f"{max(problem.bytes_in, problem.bytes_out)} B > {rates.payload} B (eq. 12f)"
+                    f"{where}: direct payload of {r} tokens does not fit the "
+                    f"{rates.payload} B inline budget (eq. 12f)"
                 )
             u = problem.per_token_s(li, mem)
             t = float(replica_time(a, r, u, head, beta, rates, problem.bytes_in,

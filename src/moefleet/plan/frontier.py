@@ -29,6 +29,7 @@ import numpy as np
 
 from moefleet.plan.costmodel import (
     Rates,
+    direct_fits,
     head_s,
     layer_latency,
     memory_need_bytes,
@@ -97,7 +98,7 @@ class LayerTables:
         self.u_J = problem.per_token_s_LJ[li]
         self.price_J = price_table(problem)
         self.head = head_s(rates, problem.expert_param_bytes[li])
-        self.payload_UG = self.r_UG * max(problem.bytes_in, problem.bytes_out) <= rates.payload
+        self.payload_UG = direct_fits(problem, self.r_UG)
 
     def options(self, method: int, beta: np.ndarray | int = 1) -> tuple[np.ndarray, np.ndarray]:
         """(t_rep, expert cost) over (V, U, J, G); infeasible options are inf."""

@@ -18,15 +18,20 @@ YAML round-trips exactly (``to_yaml`` / ``from_yaml``); validation errors name t
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from moefleet.errors import MoefleetError
-from moefleet.io import write_text_atomic
+from moefleet.errors import MoefleetError, validation_message
+from moefleet.io import read_text_input, write_text_atomic, yaml_error_line
+from moefleet.limits import MAX_BATCH_TOKENS, MAX_REPLICAS
 from moefleet.plan.placement import Placement
+
+#: Largest function memory a plan may name (MB); platforms check their own options.
+MAX_MEMORY_MB = 10**7
 
 Method = Literal["pipelined", "storage", "direct"]
 METHOD_CODES: dict[Method, int] = {"pipelined": 1, "storage": 2, "direct": 3}
@@ -42,14 +47,18 @@ class _Strict(BaseModel):
 
 
 class ExpertConfig(_Strict):
-    memory_mb: int = Field(gt=0, description="Function memory size (MB).")
-    replicas: int = Field(1, ge=1, description="Instances that split this expert's tokens.")
+    # strict: YAML `true` or 128.7 is a typo, not 1 or 128 MB.
+    memory_mb: int = Field(gt=0, le=MAX_MEMORY_MB, strict=True,
+                           description="Function memory size (MB).")
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS, strict=True,
+                          description="Instances that split this expert's tokens.")
 
 
 class LayerPlan(_Strict):
     layer: int = Field(ge=0, description="Block index of the MoE layer.")
     method: Method = "direct"
-    beta: int = Field(1, ge=1, description="Minibatch size (tokens) for 'pipelined'.")
+    beta: int = Field(1, ge=1, le=MAX_BATCH_TOKENS, strict=True,
+                      description="Minibatch size (tokens) for 'pipelined'.")
     experts: list[ExpertConfig]
 
     @model_validator(mode="before")
@@ -71,7 +80,7 @@ class LayerPlan(_Strict):
 class DeploymentPlan(_Strict):
     model: str = Field(description="Model the plan was made for (zoo name or path).")
     platform: str = Field(description="Platform spec name.")
-    segment_memory_mb: list[int] = Field(
+    segment_memory_mb: list[Annotated[int, Field(gt=0, le=MAX_MEMORY_MB, strict=True)]] = Field(
         description="Memory of each block's non-expert segment function, one per block."
     )
     layers: list[LayerPlan]
@@ -80,6 +89,13 @@ class DeploymentPlan(_Strict):
         default_factory=dict, description="Planner's own estimates (cost_usd, latency_s ...)."
     )
     meta: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _finite_predictions(self) -> DeploymentPlan:
+        bad = {k: v for k, v in self.predicted.items() if not math.isfinite(v)}
+        if bad:
+            raise ValueError(f"predicted values must be finite numbers, got {bad}")
+        return self
 
     @model_validator(mode="after")
     def _unique_layers(self) -> DeploymentPlan:
@@ -164,26 +180,24 @@ class DeploymentPlan(_Strict):
     def from_yaml(cls, text: str, source: str = "<plan>") -> DeploymentPlan:
         try:
             data = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise PlanError(f"{source} is not valid YAML: {err}", "fix the syntax") from err
+        except (yaml.YAMLError, RecursionError) as err:
+            raise PlanError(f"{source} is not valid YAML: {yaml_error_line(err)}",
+                            "fix the syntax") from None
         if not isinstance(data, dict):
             raise PlanError(f"{source} must hold a mapping", "see `moefleet plan --help`")
         try:
             return cls.model_validate(data)
         except ValidationError as err:
-            first = err.errors()[0]
-            loc = ".".join(str(p) for p in first["loc"]) or "<root>"
-            raise PlanError(
-                f"{source}: field '{loc}': {first['msg']}",
-                f"fix that field ({err.error_count()} problem(s) in total)",
-            ) from err
+            raise PlanError(validation_message(err, source),
+                            f"fix that field ({err.error_count()} problem(s) in total)") from None
 
     @classmethod
     def load(cls, path: str | Path) -> DeploymentPlan:
         p = Path(path)
         if not p.is_file():
             raise PlanError(f"plan file {p} does not exist", "write one with moefleet plan -o")
-        return cls.from_yaml(p.read_text(), source=str(p))
+        return cls.from_yaml(read_text_input(p, "plan file", "write one with moefleet plan -o"),
+                             source=str(p))
 
     @classmethod
     def uniform(

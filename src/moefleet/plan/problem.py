@@ -37,6 +37,7 @@ import numpy as np
 
 from moefleet.errors import DataError, MoefleetError
 from moefleet.models.shape import ModelShape
+from moefleet.platform.inline import planning_inline_bytes
 from moefleet.platform.specs import LinearVcpu, PlatformSpec
 from moefleet.profiles.model import ComputeProfile
 
@@ -79,7 +80,14 @@ class PlanningProblem:
     segment_param_bytes: tuple[int, ...]  # per block, for T_load of the next segment
     segment_memory_mb: int
     max_replicas: int = DEFAULT_MAX_REPLICAS
-    intermediate_bytes: int = 0  # M^inter (eq. 12c); 0 unless measured
+    intermediate_bytes: int = 0  # fixed part of M^inter (eq. 12c)
+    # Measured memory (profiles.footprint): the function process's own RSS (interpreter +
+    # torch + handler), and the expert's intermediate bytes per token, per MoE layer.
+    runtime_bytes: int = 0
+    intermediate_bytes_per_token: tuple[int, ...] = ()
+    # Eq. 12f's D_P: the packet bytes a direct request/response may carry inline on the
+    # strictest backend (0: derive it from the platform's limit, platform.inline).
+    inline_limit_bytes: int = 0
     storage_requests: bool = True  # bill object-store PUT/GET (our addition, see costmodel)
     # Steady-state serving: instances already hold their parameters (see load_s, costmodel).
     warm_instances: bool = False
@@ -122,6 +130,13 @@ class PlanningProblem:
                     f"MoE layer {self.moe_layers[li]} has {e} experts but counts for more",
                     "the counts were recorded on another model",
                 )
+        if self.intermediate_bytes_per_token and len(self.intermediate_bytes_per_token) != n_l:
+            raise DataError(
+                f"intermediate_bytes_per_token needs {n_l} values (one per MoE layer), got "
+                f"{len(self.intermediate_bytes_per_token)}")
+        if min(self.runtime_bytes, self.intermediate_bytes,
+               *self.intermediate_bytes_per_token, self.inline_limit_bytes) < 0:
+            raise DataError("memory and payload sizes must be >= 0")
         if len(self.expert_param_bytes) != n_l or min(self.expert_param_bytes) <= 0:
             raise DataError("expert_param_bytes needs one positive value per MoE layer")
         if self.bytes_in <= 0 or self.bytes_out <= 0:
@@ -201,8 +216,16 @@ class PlanningProblem:
 
     @property
     def payload_limit_bytes(self) -> int:
+        """D_P of eq. 12f: packet bytes a direct request may carry inline on every backend
+        (the platform's synchronous limit less the strictest wire envelope, base64)."""
+        if self.inline_limit_bytes:
+            return self.inline_limit_bytes
         assert self.platform.limits is not None
-        return self.platform.limits.sync_payload_bytes
+        return planning_inline_bytes(self.platform.limits.sync_payload_bytes)
+
+    def inter_per_token(self, li: int) -> int:
+        """Intermediate bytes per token of MoE layer ``li``'s expert (0 if unmeasured)."""
+        return self.intermediate_bytes_per_token[li] if self.intermediate_bytes_per_token else 0
 
     def with_slo(self, slo_s: float) -> PlanningProblem:
         """A copy with another end-to-end limit (everything else shared)."""
@@ -237,6 +260,9 @@ class PlanningProblem:
         extra_per_token_s: Mapping[int, Sequence[float]] | None = None,
         top_k: int = 1,
         warm_instances: bool = False,
+        runtime_bytes: int = 0,
+        intermediate_bytes_per_token: int | Sequence[int] = 0,
+        inline_limit_bytes: int = 0,
     ) -> PlanningProblem:
         """Explicit shapes and times. ``per_token_s`` is U_j over ``memory_options_mb``,
         either one row (all layers) or an (L, J) array. Scalars broadcast over layers/blocks.
@@ -280,6 +306,9 @@ class PlanningProblem:
             segment_memory_mb=segment_memory_mb or platform.baseline_memory(),
             max_replicas=max_replicas,
             intermediate_bytes=intermediate_bytes,
+            runtime_bytes=int(runtime_bytes),
+            intermediate_bytes_per_token=_per(intermediate_bytes_per_token, n_l, int),
+            inline_limit_bytes=int(inline_limit_bytes),
             storage_requests=storage_requests,
             warm_instances=warm_instances,
             extra_per_token_s={
@@ -305,10 +334,14 @@ class PlanningProblem:
         intermediate_bytes: int = 0,
         storage_requests: bool = True,
         warm_instances: bool = False,
+        runtime_bytes: int | None = None,
+        inline_limit_bytes: int = 0,
     ) -> PlanningProblem:
         """Shapes from the profile (blocks = its segments, its MoE layers) and the counts
         (experts per layer = the counts' width unless ``num_experts`` is given).
-        ``warm_instances``: see :meth:`explicit`."""
+        ``warm_instances``: see :meth:`explicit`. Memory (eq. 12c) comes from the
+        profile: its runtime footprint (the largest over backends, unless
+        ``runtime_bytes`` is given) and its experts' intermediate bytes per token."""
         counts = np.asarray(counts_LE)
         layers = list(profile.moe_layers)
         if counts.ndim != 2 or counts.shape[0] != len(layers):
@@ -345,6 +378,10 @@ class PlanningProblem:
             segment_memory_mb=seg_mem,
             max_replicas=max_replicas,
             intermediate_bytes=intermediate_bytes,
+            runtime_bytes=profile.footprint_bytes if runtime_bytes is None else runtime_bytes,
+            intermediate_bytes_per_token=[
+                profile.intermediate_bytes_per_token.get(layer, 0) for layer in layers],
+            inline_limit_bytes=inline_limit_bytes,
             storage_requests=storage_requests,
             warm_instances=warm_instances,
             extra_per_token_s=extra_u,

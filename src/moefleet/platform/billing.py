@@ -51,6 +51,9 @@ class InvocationRecord:
     bytes_out: int = 0
     storage_puts: int = 0
     storage_gets: int = 0
+    # An attempt that crashed or timed out: the platform bills it like any other (its
+    # duration up to the failure, a timed-out one its full timeout), then it was retried.
+    failed: bool = False
 
     def __post_init__(self) -> None:
         for name in ("start_s", "end_s", "init_s"):
@@ -121,6 +124,8 @@ class Bill:
     cold_starts: int
     billed_s: float  # sum of billed durations, seconds
     gb_s: float  # sum of memory GB x billed seconds
+    failed_attempts: int = 0  # records with failed=True (included in every total)
+    failed: CostParts = CostParts()  # their billed cost
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready; expert keys become ``"layer:expert"``."""
@@ -143,6 +148,8 @@ class Bill:
             "cold_starts": self.cold_starts,
             "billed_s": self.billed_s,
             "gb_s": self.gb_s,
+            "failed_attempts": self.failed_attempts,
+            "failed": self.failed.to_dict(),
         }
 
 
@@ -256,6 +263,8 @@ class Meter:
             cold_starts=sum(1 for p in priced if p.record.cold),
             billed_s=billed_s,
             gb_s=gb_s,
+            failed_attempts=sum(1 for p in priced if p.record.failed),
+            failed=sum((p.cost for p in priced if p.record.failed), CostParts()),
         )
 
 

@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from moefleet.errors import UnknownNameError
+from moefleet.errors import MoefleetError, UnknownNameError
+from moefleet.io import read_text_input, yaml_error_line
 from moefleet.platform.errors import PlatformConfigError
 from moefleet.platform.specs import PlatformSpec
 
@@ -81,9 +82,14 @@ def load_platform_file(path: Path) -> PlatformSpec:
             f"platform file not found: {path}", f"known platforms: {', '.join(list_platforms())}"
         )
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as err:
-        raise PlatformConfigError(f"{path}: cannot read YAML: {err}") from None
+        text = read_text_input(path, "platform file", "see configs/platforms/README.md")
+    except MoefleetError as err:
+        raise PlatformConfigError(err.message, err.hint) from None
+    try:
+        data = yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError) as err:
+        raise PlatformConfigError(f"{path}: cannot read YAML: {yaml_error_line(err)}",
+                                  "fix the syntax") from None
     return parse_platform(data, source=str(path))
 
 

@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from moefleet.limits import MAX_MEMORY_OPTIONS, MAX_PLATFORM_REPLICAS
 from moefleet.platform.errors import PlatformError
 
 
@@ -52,6 +53,9 @@ class MemoryOptions(StrictBlock):
             raise ValueError("memory needs options_mb, or all of min_mb, max_mb and step_mb")
         if self.max_mb < self.min_mb or (self.max_mb - self.min_mb) % self.step_mb:
             raise ValueError("max_mb must be min_mb plus a whole number of step_mb")
+        if (self.max_mb - self.min_mb) // self.step_mb + 1 > MAX_MEMORY_OPTIONS:
+            raise ValueError(f"min_mb..max_mb in step_mb steps gives more than "
+                             f"{MAX_MEMORY_OPTIONS} memory options")
         return self
 
     @property
@@ -163,7 +167,7 @@ class Billing(StrictBlock):
 class Limits(StrictBlock):
     sync_payload_bytes: PositiveInt
     async_payload_bytes: PositiveInt
-    max_replicas: PositiveInt
+    max_replicas: Annotated[int, Field(gt=0, le=MAX_PLATFORM_REPLICAS)]
     max_concurrency_per_instance: PositiveInt
     timeout_s: PositiveFloat | None = None
 

@@ -24,6 +24,7 @@ token slots each expert of each MoE layer receives. Invariants every implementat
 from __future__ import annotations
 
 import json
+import zipfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -254,14 +255,16 @@ def read_npz(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
-    except (OSError, ValueError) as err:
-        raise DataError(f"{path} is not a readable .npz file: {err}",
-                        "re-create it with moefleet predict fit") from err
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
+        raise DataError(f"{path} is not a readable .npz file: {err or type(err).__name__}",
+                        "re-create it with moefleet predict fit") from None
     if _META not in arrays:
         raise DataError(f"{path} is not a moefleet predictor (no {_META} entry)",
                         "re-create it with moefleet predict fit")
     try:
         meta = json.loads(str(arrays.pop(_META)))
+        if not isinstance(meta, dict):
+            raise ValueError("metadata is not a JSON object")
         version = int(meta.get("format", 0))
     except (ValueError, TypeError, AttributeError) as err:
         raise DataError(f"{path} has unreadable predictor metadata: {err}",
@@ -280,6 +283,12 @@ def read_npz(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         if key not in meta:
             raise DataError(f"{path} predictor metadata lacks {key!r}",
                             "re-create it with moefleet predict fit")
+    for name, arr in arrays.items():
+        # Fitted state is numeric: a NaN or an empty table is a corrupt file, not a model.
+        if arr.dtype.kind not in "biuf" or arr.size == 0 or (
+                arr.dtype.kind == "f" and not np.all(np.isfinite(arr))):
+            raise DataError(f"{path}: array '{name}' is empty, non-numeric or holds NaN/inf",
+                            "re-create it with moefleet predict fit")
     return meta, arrays
 
 
@@ -291,4 +300,12 @@ def load_predictor(path: str | Path, **kwargs: Any) -> ExpertPredictor:
         raise DataError(f"{path} holds an unknown predictor kind {meta['kind']!r}",
                         f"known kinds: {', '.join(sorted(_KINDS))}")
     loader: Callable[..., ExpertPredictor] = cls.load
-    return loader(path, **kwargs)
+    try:
+        return loader(path, **kwargs)
+    except DataError as err:
+        if str(path) in err.message:
+            raise
+        raise DataError(f"{path}: {err.message}", err.hint) from None
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
+        raise DataError(f"{path} is not a valid '{meta['kind']}' predictor: {err!r}",
+                        "re-create it with moefleet predict fit") from None

@@ -45,15 +45,25 @@ def profile_for(
 
     Measured with :func:`~moefleet.profiles.measure.measure_profile` (defaults, or
     ``measure_kwargs``) the first time or when ``refresh``; later calls read the cached
-    JSON in milliseconds. Builds a zoo model first if it is not built yet.
+    JSON in milliseconds. Builds a zoo model first if it is not built yet. A cached
+    profile without the memory fields (footprint, intermediate bytes) gets them measured
+    and saved (a few seconds), its time laws unchanged.
     """
     target = profile_path(model_name)
+    from moefleet.models import load_adapter
+
     if target.is_file() and not refresh:
         try:
-            return ComputeProfile.load(target)
+            cached = ComputeProfile.load(target)
         except DataError:
-            pass  # unreadable cache: fall through and measure again
-    from moefleet.models import load_adapter
+            cached = None  # unreadable cache: fall through and measure again
+        if cached is not None and cached.has_memory:
+            return cached
+        if cached is not None:  # saved before memory was measured: add it, keep the times
+            from moefleet.profiles.measure import add_memory
+
+            add_memory(cached, load_adapter(model_name)).save(target)
+            return cached
     from moefleet.profiles.measure import measure_profile
 
     adapter = load_adapter(model_name)

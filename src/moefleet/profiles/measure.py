@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from moefleet.errors import MoefleetError
+from moefleet.limits import MAX_CALL_TOKENS
 from moefleet.models.base import MoEModelAdapter, param_bytes
 from moefleet.profiles.cache import profile_for, profile_path
 from moefleet.profiles.fit import fit_batch_law, fit_thread_law
@@ -93,8 +94,16 @@ def check_grid(
                 f"batch size {n} is not a positive number of tokens",
                 "pass batch sizes ≥ 1, e.g. --batch-sizes 1,16,128,512",
             )
-    if repeats < 1:
-        raise MoefleetError(f"repeats must be ≥ 1, got {repeats}", "pass e.g. --repeats 3")
+        if n > MAX_CALL_TOKENS:
+            raise MoefleetError(f"batch size {n} exceeds the limit {MAX_CALL_TOKENS} tokens "
+                                "per timed call", "see README, 'Limits'")
+    if len(blist) < 2:
+        raise MoefleetError(
+            f"batch sizes {blist}: the batch law t = a + b*n needs at least two sizes",
+            "pass e.g. --batch-sizes 1,16,256")
+    if repeats < 1 or repeats > 1000:
+        raise MoefleetError(f"repeats must be in 1..1000, got {repeats}",
+                            "pass e.g. --repeats 3")
     return tlist, blist
 
 
@@ -272,7 +281,7 @@ def measure_profile(
             f"timings at {max(tlist)} threads compete with other processes; re-measure on "
             "an idle machine for a trustworthy thread law"
         )
-    return ComputeProfile(
+    profile = ComputeProfile(
         model=adapter.name,
         hidden_size=hidden,
         moe_layers=moe_layers,
@@ -293,6 +302,22 @@ def measure_profile(
             "segments": raw_segments,
         },
     )
+    return add_memory(profile, adapter)
+
+
+def add_memory(profile: ComputeProfile, adapter: MoEModelAdapter) -> ComputeProfile:
+    """``profile`` with the runtime footprints and the experts' intermediate memory per
+    token measured (:mod:`moefleet.profiles.footprint`); fields already there are kept."""
+    from moefleet.profiles.footprint import intermediate_per_token, measure_runtime_footprints
+
+    if not profile.runtime_bytes:
+        profile.runtime_bytes = measure_runtime_footprints()
+    for layer in profile.moe_layers:
+        if layer not in profile.intermediate_bytes_per_token:
+            module = adapter.expert(layer, 0).eval()
+            profile.intermediate_bytes_per_token[layer] = intermediate_per_token(
+                module, adapter.hidden_size)
+    return profile
 
 
 def _segment_parts(adapter: MoEModelAdapter, layer: int) -> list[str]:

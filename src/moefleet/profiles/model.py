@@ -14,7 +14,11 @@ that share of one core). Invariants: every fitted time is positive and non-incre
 in v for v ≥ 1.
 
 Sizes in bytes: parameters per expert and per segment, activation bytes per token
-(hidden size × 4 for fp32 — what one token costs on the wire each way).
+(hidden size × 4 for fp32 — what one token costs on the wire each way), and the memory
+eq. 12c needs besides them (:mod:`moefleet.profiles.footprint`): the runtime footprint of a
+function process per backend (``runtime_bytes``) and an expert's intermediate bytes per
+token per MoE layer (``intermediate_bytes_per_token``). Both are empty in profiles saved
+before they were measured; ``profile_for`` fills them in.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from moefleet.errors import DataError
-from moefleet.io import write_json_atomic
+from moefleet.io import read_text_input, write_json_atomic
 
 PROFILE_VERSION = 1
 
@@ -87,6 +91,20 @@ class ComputeProfile:
     bytes_per_token: int  # activation bytes one token carries each way (fp32 hidden)
     machine: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
+    runtime_bytes: dict[str, int] = field(default_factory=dict)  # backend -> RSS bytes
+    intermediate_bytes_per_token: dict[int, int] = field(default_factory=dict)  # MoE layer
+
+    @property
+    def has_memory(self) -> bool:
+        """Whether the footprint and every MoE layer's intermediate memory are measured."""
+        return bool(self.runtime_bytes) and set(self.intermediate_bytes_per_token) >= set(
+            self.moe_layers)
+
+    @property
+    def footprint_bytes(self) -> int:
+        """The runtime footprint a plan must leave room for: the largest over backends
+        (a plan has to start on every backend it may be deployed on); 0 if unmeasured."""
+        return max(self.runtime_bytes.values(), default=0)
 
     def expert(self, layer: int) -> FunctionProfile:
         if layer not in self.experts:
@@ -111,6 +129,9 @@ class ComputeProfile:
             "bytes_per_token": self.bytes_per_token,
             "machine": self.machine,
             "raw": self.raw,
+            "runtime_bytes": dict(self.runtime_bytes),
+            "intermediate_bytes_per_token": {
+                str(k): v for k, v in self.intermediate_bytes_per_token.items()},
         }
 
     def save(self, path: str | Path) -> Path:
@@ -118,7 +139,10 @@ class ComputeProfile:
         return Path(path)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], source: str = "<profile>") -> ComputeProfile:
+    def from_dict(cls, d: Any, source: str = "<profile>") -> ComputeProfile:
+        if not isinstance(d, dict):
+            raise DataError(f"{source}: a compute profile is a JSON object, got "
+                            f"{type(d).__name__}", "re-measure it with moefleet profile-compute")
         try:
             if d.get("version", 0) != PROFILE_VERSION:
                 raise DataError(
@@ -131,47 +155,116 @@ class ComputeProfile:
                 law = FunctionProfile(
                     batch=BatchLaw(**x["batch"]),
                     threads=ThreadLaw(**x["threads"]),
-                    param_bytes=int(x["param_bytes"]),
-                    batch_r2=float(x.get("batch_r2", float("nan"))),
-                    threads_r2=float(x.get("threads_r2", float("nan"))),
+                    param_bytes=_int_field(x["param_bytes"], "param_bytes", 0, MAX_PARAM_BYTES),
+                    batch_r2=_r2(x.get("batch_r2")),
+                    threads_r2=_r2(x.get("threads_r2")),
                 )
                 _check_law(law, source)
                 return law
 
-            return cls(
-                model=str(d["model"]),
-                hidden_size=int(d["hidden_size"]),
-                moe_layers=[int(x) for x in d["moe_layers"]],
-                experts={int(k): fp(v) for k, v in d["experts"].items()},
+            prof = cls(
+                model=_str_field(d["model"], "model"),
+                hidden_size=_int_field(d["hidden_size"], "hidden_size", 1, 1 << 20),
+                moe_layers=[_int_field(x, "moe_layers", 0, 1 << 16) for x in d["moe_layers"]],
+                experts={_int_field(int(k), "experts", 0, 1 << 16): fp(v)
+                         for k, v in d["experts"].items()},
                 segments=[fp(s) for s in d["segments"]],
-                bytes_per_token=int(d["bytes_per_token"]),
+                bytes_per_token=_int_field(d["bytes_per_token"], "bytes_per_token", 1, 1 << 24),
                 machine=dict(d.get("machine", {})),
                 raw=dict(d.get("raw", {})),
+                runtime_bytes={str(k): _nonneg(v, source)
+                               for k, v in d.get("runtime_bytes", {}).items()},
+                intermediate_bytes_per_token={
+                    int(k): _nonneg(v, source)
+                    for k, v in d.get("intermediate_bytes_per_token", {}).items()},
             )
-        except (KeyError, TypeError, ValueError) as err:
+        except DataError:
+            raise
+        except KeyError as err:
+            raise DataError(f"{source}: compute profile is missing field {err}",
+                            "re-measure it with moefleet profile-compute") from None
+        except (TypeError, ValueError, AttributeError) as err:
             raise DataError(
-                f"{source} is not a valid compute profile: {err!r}",
+                f"{source} is not a valid compute profile: {err}",
                 "re-measure it with moefleet profile-compute",
-            ) from err
+            ) from None
+        if not prof.segments:
+            raise DataError(f"{source}: field 'segments' is empty", "re-measure it")
+        if sorted(set(prof.moe_layers)) != prof.moe_layers or set(prof.experts) != set(
+                prof.moe_layers):
+            raise DataError(f"{source}: field 'moe_layers' {prof.moe_layers} must be increasing "
+                            f"and match the keys of 'experts' {sorted(prof.experts)}",
+                            "re-measure it with moefleet profile-compute")
+        if prof.moe_layers and prof.moe_layers[-1] >= len(prof.segments):
+            raise DataError(f"{source}: MoE layer {prof.moe_layers[-1]} is past the "
+                            f"{len(prof.segments)} segments", "re-measure it")
+        return prof
 
     @classmethod
     def load(cls, path: str | Path) -> ComputeProfile:
         p = Path(path)
         if not p.is_file():
             raise DataError(f"compute profile {p} does not exist", "moefleet profile-compute")
+        # NaN is allowed: older profiles stored an unknown fit quality (r2) as NaN.
+        text = read_text_input(p, "compute profile", "re-measure it: moefleet profile-compute")
         try:
-            data = json.loads(p.read_text())
+            data = json.loads(text)
         except json.JSONDecodeError as err:
             raise DataError(f"{p} is not valid JSON: {err}", "re-measure it") from err
         return cls.from_dict(data, source=str(p))
 
 
+#: A function's parameters at most (1 TiB): bounds memory estimates made from a profile.
+MAX_PARAM_BYTES = 1 << 40
+
+
+def _int_field(value: Any, name: str, lo: int, hi: int) -> int:
+    # bool is an int in Python; a profile never means True by a size.
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise ValueError(f"field '{name}' must be an integer, got {value!r}")
+    if not lo <= int(value) <= hi:
+        raise ValueError(f"field '{name}' must be in [{lo}, {hi}], got {value!r}")
+    return int(value)
+
+
+def _str_field(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"field '{name}' must be a non-empty string, got {value!r}")
+    return value
+
+
+def _r2(value: Any) -> float:
+    return float("nan") if value is None else float(value)
+
+
 def _check_law(law: FunctionProfile, source: str) -> None:
-    values = [law.batch.overhead_s, law.batch.per_token_s, law.threads.theta3]
-    if any(not math.isfinite(v) for v in values) or law.batch.per_token_s <= 0:
+    """Times positive and finite, overhead >= 0, and thread scaling that does not make a
+    function slower with more vCPUs (theta1, theta2 >= 0: T(v) non-increasing)."""
+    b, t = law.batch, law.threads
+    values = [b.overhead_s, b.per_token_s, t.theta1, t.theta2, t.theta3]
+    if any(isinstance(v, bool) or not isinstance(v, int | float) for v in values):
+        raise DataError(f"{source}: compute profile has a non-numeric law ({values})",
+                        "re-measure it with moefleet profile-compute")
+    if any(not math.isfinite(v) for v in values) or b.per_token_s <= 0:
         raise DataError(
             f"{source}: compute profile has a non-positive or NaN time ({values})",
             "re-measure it with moefleet profile-compute",
         )
+    if b.overhead_s < 0 or b.overhead_s > 3600:
+        raise DataError(f"{source}: batch overhead_s = {b.overhead_s} is outside [0, 3600] s",
+                        "re-measure it with moefleet profile-compute")
+    if t.theta1 < 0 or t.theta2 < 0 or t.theta3 < 0 or t.theta2 > 100:
+        raise DataError(
+            f"{source}: thread law theta1={t.theta1}, theta2={t.theta2}, theta3={t.theta3} "
+            "is implausible (needs 0 <= theta1, 0 <= theta2 <= 100, 0 <= theta3)",
+            "re-measure it with moefleet profile-compute")
     if law.threads.per_token_s(1.0) <= 0:
         raise DataError(f"{source}: thread law gives a non-positive time", "re-measure it")
+
+
+def _nonneg(value: Any, source: str) -> int:
+    out = int(value)
+    if out < 0:
+        raise DataError(f"{source}: negative memory size {out} in the compute profile",
+                        "re-measure it with moefleet profile-compute")
+    return out

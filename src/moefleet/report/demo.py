@@ -35,10 +35,11 @@ def demo_table(report: dict[str, Any]) -> Table:
     for key, row in _rows(report):
         cost = row["moe_prorated_usd"] if key == "cpu_cluster" else row["cost_usd"]
         m = row.get("measured") or {}
+        ran = bool(m) and "error" not in m
         t.add_row(LABELS[key], f"{cost:.3e}", f"{cost / oracle:.2f}", f"{row['latency_s']:.2f}",
                   "yes" if row["slo_met"] else "NO",
-                  f"{m['moe_cost_usd']:.3e}" if m else "-",
-                  f"{m['throughput_tokens_per_s']:.0f}" if m else "-")
+                  f"{m['moe_cost_usd']:.3e}" if ran else ("failed" if m else "-"),
+                  f"{m['throughput_tokens_per_s']:.0f}" if ran else "-")
     return t
 
 

@@ -45,6 +45,7 @@ from typing import Any, Literal
 
 from moefleet.errors import MoefleetError
 from moefleet.platform import InvocationRecord, ObjectStore, PlatformSpec, load_platform
+from moefleet.platform.inline import base64_inline_bytes
 from moefleet.runtime.aws_api import LambdaApi, Retry
 from moefleet.runtime.aws_package import (
     CONFIG_VAR,
@@ -77,7 +78,6 @@ from moefleet.runtime.retry import call_with_retries
 
 log = logging.getLogger(__name__)
 _ENV_LIMIT = 4096  # Lambda: all environment variables of a function, in bytes
-_EVENT_OVERHEAD = 1024  # JSON around the base64 packet in events and results (generous)
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _CRASH_TYPES = {"Runtime.ExitError", "Runtime.Unknown", "Runtime.OutOfMemory"}
 
@@ -200,7 +200,7 @@ class AwsBackend(FunctionBackend):
     @property
     def max_inline_bytes(self) -> int:
         """What a packet may weigh so that its base64 JSON event/result fits the limit."""
-        return (self._limit - _EVENT_OVERHEAD) * 3 // 4
+        return base64_inline_bytes(self._limit)
 
     def deploy(self, spec: FunctionSpec) -> FunctionSpec:
         self._check_open()

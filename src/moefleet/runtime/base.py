@@ -231,6 +231,15 @@ def reply_record(spec: FunctionSpec, reply: Mapping[str, Any], *, request_id: st
         bytes_out=bytes_out, storage_puts=reply["puts"], storage_gets=reply["gets"])
 
 
+def failed_record(spec: FunctionSpec, start_s: float, end_s: float, request_id: str | None,
+                  bytes_in: int) -> InvocationRecord:
+    """The billed record of an attempt that crashed or timed out (``failed=True``)."""
+    return InvocationRecord(
+        function=spec.name, kind=spec.kind, memory_mb=spec.memory_mb, start_s=start_s,
+        end_s=max(end_s, start_s), layer=spec.layer, expert=spec.expert,
+        request_id=request_id, vcpus=spec.vcpus, bytes_in=bytes_in, failed=True)
+
+
 class FunctionBackend(ABC):
     """See the module docstring for the contract every implementation keeps."""
 
@@ -253,7 +262,8 @@ class FunctionBackend(ABC):
 
     @abstractmethod
     def records(self) -> list[InvocationRecord]:
-        """One record per successful invocation since the backend started."""
+        """One record per billed attempt since the backend started: every successful
+        invocation, plus (``failed=True``) attempts that crashed or timed out."""
 
     @abstractmethod
     def teardown(self) -> None:

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import json
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from moefleet.errors import DataError
-from moefleet.io import write_json_atomic
+from moefleet.io import load_json_input, write_json_atomic
 from moefleet.models.base import MoEModelAdapter
 from moefleet.models.shape import ModelShape
 from moefleet.plan import DeploymentPlan, Placement, PlanError
@@ -119,10 +118,10 @@ class Deployment:
         if not p.is_file():
             raise DataError(f"deployment file {p} does not exist",
                             "create it with: moefleet deploy PLAN -o deployment.json")
-        try:
-            data = json.loads(p.read_text())
-        except json.JSONDecodeError as err:
-            raise DataError(f"{p} is not valid JSON: {err}", "deploy again") from err
+        data = load_json_input(p, "deployment file", "deploy again: moefleet deploy PLAN")
+        if not isinstance(data, dict):
+            raise DataError(f"{p}: a deployment file is a JSON object, got "
+                            f"{type(data).__name__}", "deploy again: moefleet deploy PLAN")
         return cls.from_dict(data, str(p))
 
 

@@ -11,7 +11,10 @@ function): it never holds weights. Per MoE layer with method
 - ``storage`` / ``pipelined``: seg-l uploads every replica's input objects (one, or one per
   β tokens), the replicas download/compute/upload (pipelined: overlapped in threads), and
   seg-l ``post`` downloads and sums them; the executor passes only object keys and checks
-  the post function gathered exactly the shares it expects.
+  the post function gathered exactly the shares it expects. Pipelined (ODS/BO's gate →
+  expert overlap): seg-l publishes its routing before the minibatches, the executor
+  invokes the replicas as soon as the routing is in the store, while seg-l is still
+  uploading, and each replica waits for its next minibatch (polling GETs, billed).
 Replicas split an expert's tokens in chunks of ceil(d/g) (:func:`scatter.assign`). Tensors
 between the executor and segments travel inline, or through the store when they would
 exceed the payload limit. Invariant (tested): outputs equal ``adapter.reference_forward``
@@ -112,6 +115,8 @@ class Executor:
         self.run_id = uuid.uuid4().hex[:8]
         self._batches = itertools.count()
         self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="moefleet-exec")
+        # The gate call of a pipelined layer runs here while its experts start.
+        self._side = ThreadPoolExecutor(1, thread_name_prefix="moefleet-gate")
         # replicas per expert id, from the placement (one function per expert today)
         self._replicas = {lp.layer: [deployment.placement.holder(lp.layer, i).replicas
                                      for i in range(len(lp.experts))]
@@ -119,6 +124,7 @@ class Executor:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self._side.shutdown(wait=True)
 
     def __enter__(self) -> Executor:
         return self
@@ -183,8 +189,20 @@ class Executor:
             if lp is not None and lp.method != "direct":
                 meta["scatter"] = {"prefix": prefix, "method": lp.method, "beta": lp.beta,
                                    "replicas": self._replicas[block]}
-            pre, _ = self._invoke(seg, {**inputs, **ctx_t}, {**refs, **ctx_r}, meta, prefix,
-                                  row_share, att)
+            early_s: float | None = None
+            if lp is not None and lp.method == "pipelined":
+                gate = self._side.submit(self._invoke, seg, {**inputs, **ctx_t},
+                                         {**refs, **ctx_r}, meta, prefix, row_share, att)
+                ids_early = self._wait_route(prefix, block, gate)
+                t0 = time.perf_counter()
+                self._indirect(block, lp.method, lp.beta,
+                               scatter.assign(block, ids_early, self._replicas[block]), rids,
+                               T, prefix, att)
+                early_s = time.perf_counter() - t0
+                pre, _ = gate.result()
+            else:
+                pre, _ = self._invoke(seg, {**inputs, **ctx_t}, {**refs, **ctx_r}, meta,
+                                      prefix, row_share, att)
             if block == 0:
                 names = [n for n in pre.names() if n.startswith("ctx.")]
                 ctx_t, ctx_r = _pick(pre, *names)
@@ -208,11 +226,12 @@ class Executor:
                 post_t["routed_ND"] = self._direct(block, pre, shares, w_NK, rids, T, prefix,
                                                    att)
             else:
-                self._indirect(block, lp.method, lp.beta, shares, rids, T, prefix, att)
+                if early_s is None:
+                    self._indirect(block, lp.method, lp.beta, shares, rids, T, prefix, att)
                 post_t["ids_NK"] = ids_NK
                 post_meta["gather"] = {"prefix": prefix, "method": lp.method, "beta": lp.beta,
                                        "replicas": self._replicas[block]}
-            stats.experts_s = time.perf_counter() - t0
+            stats.experts_s = time.perf_counter() - t0 if early_s is None else early_s
             if block == self.dep.num_layers - 1:
                 post_t.update(ctx_t)
                 post_r.update(ctx_r)
@@ -282,6 +301,20 @@ class Executor:
                                   "a replica returned early; retry the batch")
 
         list(self._pool.map(one, jobs))
+
+    def _wait_route(self, prefix: str, layer: int, gate: Any) -> torch.Tensor:
+        """``ids_NK`` of a pipelined layer once its gate has published it (module doc)."""
+        assert self.store is not None  # pipelined layers need a store (checked in __init__)
+        key, delay = scatter.route_key(prefix, layer), 0.002
+        while True:
+            if self.store.exists(key):
+                return unpack(self.store.get(key)).tensors["ids_NK"]
+            if gate.done():
+                gate.result()  # the gate failed: raise its error
+                raise FunctionError(f"layer {layer}: the gate returned without publishing "
+                                    "its routing", "redeploy: the segment code is stale")
+            time.sleep(delay)
+            delay = min(2 * delay, 0.02)
 
     def _cleanup(self, prefix: str) -> None:
         if self.store is None:

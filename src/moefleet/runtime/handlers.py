@@ -22,6 +22,7 @@ sums, and checks every token-slot arrives exactly once (:func:`scatter.gather`).
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable
@@ -49,6 +50,7 @@ from moefleet.runtime.payload import (
 from moefleet.runtime.stores import import_callable
 
 _IO_THREADS = 8  # parallel object-store requests of one function (S3 clients do the same)
+_WAIT_S = 120.0  # how long a pipelined expert waits for a minibatch the gate uploads
 MB = 1024 * 1024
 Tensors = dict[str, torch.Tensor]
 Json = dict[str, Any]
@@ -171,13 +173,21 @@ class _Segment:
     def _scatter(self, spec: Json, x_ND: torch.Tensor, ids_NK: torch.Tensor,
                  w_NK: torch.Tensor, ctx: CallContext) -> None:
         store = _require_store(ctx.store, self.function)
-        jobs: list[tuple[str, bytes]] = []
+        pipelined = spec["method"] == "pipelined"
+        if pipelined:
+            # Routing first: the coordinator starts the experts on it, and each expert
+            # computes its first minibatch while this gate still uploads the rest.
+            store.put(scatter.route_key(spec["prefix"], self.block), pack({"ids_NK": ids_NK}))
+        per_share: list[list[tuple[str, bytes]]] = []
         for share in scatter.assign(self.block, ids_NK, spec["replicas"]):
             beta = scatter.object_beta(spec["method"], spec["beta"], share.size)
             in_keys, _ = scatter.share_keys(spec["prefix"], share, beta)
             x_nD, w_n = scatter.share_inputs(share, x_ND, w_NK)
-            for key, (s, e) in zip(in_keys, scatter.minibatches(share.size, beta), strict=True):
-                jobs.append((key, pack({"x": x_nD[s:e], "w": w_n[s:e]})))
+            per_share.append([(key, pack({"x": x_nD[s:e], "w": w_n[s:e]})) for key, (s, e)
+                              in zip(in_keys, scatter.minibatches(share.size, beta),
+                                     strict=True)])
+        # Minibatch-major order: every replica's first minibatch goes up first.
+        jobs = [job for wave in itertools.zip_longest(*per_share) for job in wave if job]
         with ThreadPoolExecutor(min(_IO_THREADS, max(1, len(jobs)))) as pool:
             list(pool.map(lambda job: store.put(*job), jobs))
 
@@ -277,15 +287,33 @@ class _Expert:
         # the other uploads finished minibatches, so transfers hide behind compute.
         with ThreadPoolExecutor(2) as pool:
             uploads = []
-            pending = pool.submit(store.get, in_keys[0])
+            pending = pool.submit(_wait_get, store, in_keys[0], self.function)
             for m, key_out in enumerate(out_keys):
                 x_nD, w_n = need(unpack(pending.result()), "x", "w")
                 if m + 1 < len(in_keys):
-                    pending = pool.submit(store.get, in_keys[m + 1])
+                    pending = pool.submit(_wait_get, store, in_keys[m + 1], self.function)
                 y = pack({"y": self._run(expert, x_nD, w_n)})
                 uploads.append(pool.submit(store.put, key_out, y))
             for u in uploads:
                 u.result()
+
+
+def _wait_get(store: ObjectStore, key: str, function: str,
+              timeout_s: float = _WAIT_S) -> bytes:
+    """GET ``key``, waiting (polling, backing off to 50 ms) while the gate, which runs
+    concurrently under the pipelined method, has not uploaded it yet; every poll is a
+    billed GET, as on S3."""
+    deadline, delay = time.monotonic() + timeout_s, 0.002
+    while True:
+        try:
+            return store.get(key)
+        except ObjectNotFoundError:
+            if time.monotonic() > deadline:
+                raise FunctionError(
+                    f"{function}: minibatch {key!r} did not appear within {timeout_s:g} s",
+                    "the gate function failed or is too slow; see its error") from None
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
 
 
 def expert_handler(config: dict[str, Any], init: InitContext) -> Handler:
@@ -300,7 +328,8 @@ def debug_handler(config: dict[str, Any], init: InitContext) -> Handler:
     ``echo`` (return the request bytes), ``sleep`` (``seconds``), ``crash`` (the process
     exits at once), ``crash_once`` (exit unless ``flag`` file exists; creates it),
     ``fail`` (raise ValueError), ``store`` (``puts`` PUTs then GETs of one key), ``copy``
-    (GET ``in``, PUT it as ``out``), ``big`` (return ``nbytes`` of tensor), ``pid``."""
+    (GET ``in``, PUT it as ``out``), ``big`` (return ``nbytes`` of tensor), ``alloc`` (hold
+    ``nbytes`` of touched memory for the call), ``spin`` (burn ``seconds`` of CPU), ``pid``."""
     time.sleep(float(config.get("init_sleep_s", 0.0)))
     if config.get("init_fail"):
         raise ValueError(f"{init.function}: init_fail was set")
@@ -334,6 +363,14 @@ def debug_handler(config: dict[str, Any], init: InitContext) -> Handler:
             store.put(meta["out"], store.get(meta["in"]))
         elif op == "big":
             return pack({"blob": torch.zeros(int(meta["nbytes"]), dtype=torch.uint8)})
+        elif op == "alloc":  # ones, not zeros: every page is written, so it is resident
+            held = torch.ones(int(meta["nbytes"]), dtype=torch.uint8)
+            meta["sum"] = int(held[:: 4096].sum())
+            del held
+        elif op == "spin":
+            until = time.process_time() + float(meta["seconds"])
+            while time.process_time() < until:
+                pass
         elif op != "pid":
             raise PayloadError(f"{ctx.function}: unknown debug op {op!r}", "see debug_handler")
         return pack(meta={"pid": os.getpid(), "op": op})

@@ -13,9 +13,10 @@ What is **emulated** (one machine standing in for a FaaS fleet):
   instances (their weights stay in its memory), so a warm instance whose worker is busy
   with another function waits, where a real platform would run it on its own vCPUs;
 - memory_mb → vCPUs by the platform's rule → ``torch`` threads = round(vCPUs), at least
-  1 and at most the machine's cores: a 128 MB Lambda's 0.07 vCPU runs on a whole thread and
-  6 vCPUs on a 2-core machine get 2; memory_mb is checked against the weights, not enforced
-  as a process limit;
+  1 and at most the machine's cores: 6 vCPUs on a 2-core machine get 2; a share below one
+  vCPU runs on one thread and is then stretched to cpu_s / vCPUs, and memory_mb is enforced
+  by charging each instance runtime footprint + its RSS growth + each call's peak
+  (:mod:`moefleet.runtime.local_limits`; ``limits=False`` turns both off);
 - process start and ``import torch`` are paid once per worker (forkserver preload), not
   per instance: ``init_s`` is instance construction + weight download + load only;
 - the store is whatever ``store`` names (a local directory by default: far faster than S3;
@@ -45,6 +46,7 @@ from moefleet.runtime.base import (
     InvokeResult,
     check_payload,
     crashed_error,
+    failed_record,
     payload_limit,
     reply_handler_error,
     reply_record,
@@ -56,6 +58,7 @@ from moefleet.runtime.errors import (
     ThrottledError,
     UnknownFunctionError,
 )
+from moefleet.runtime.local_limits import EMULATED_NOTE, limits_default
 from moefleet.runtime.local_pool import Call, Worker, WorkerPool, default_workers, process_memory_mb
 from moefleet.runtime.local_worker import send_msg
 from moefleet.runtime.retry import call_with_retries
@@ -109,6 +112,7 @@ class LocalBackend(FunctionBackend):
         store_retries: int = 3,
         start_method: str = "forkserver",
         startup_timeout_s: float = 180.0,
+        limits: bool | None = None,
     ) -> None:
         self.platform = load_platform(platform) if isinstance(platform, str) else platform
         self._limit = payload_limit(self.platform)
@@ -128,11 +132,13 @@ class LocalBackend(FunctionBackend):
         self._functions: dict[str, _Function] = {}
         self._records: list[InvocationRecord] = []
         self._ids = itertools.count(1)
-        self._counters = {"retries": 0, "timeouts": 0, "cold_starts": 0}
+        self.limits = limits_default() if limits is None else limits
+        self._counters: dict[str, Any] = {"retries": 0, "timeouts": 0, "cold_starts": 0,
+                                          "out_of_memory": 0, "cpu_stretch_s": 0.0}
         self._pool = WorkerPool(
             workers or default_workers(),
             config={"op": "config", "store": store_cfg, "store_retries": store_retries,
-                    "max_inline_bytes": self.max_inline_bytes},
+                    "max_inline_bytes": self.max_inline_bytes, "limits": self.limits},
             cond=self._cond, on_lost=self._forget_slot, start_method=start_method,
             startup_timeout_s=startup_timeout_s)
         self._housekeeper = threading.Thread(target=self._housekeep, daemon=True,
@@ -207,6 +213,7 @@ class LocalBackend(FunctionBackend):
         """Counters (respawns, retries, timeouts, cold starts) and the pool's memory."""
         with self._cond:
             out: dict[str, Any] = {**self._counters, "respawns": self._pool.respawns}
+            out["limits"] = EMULATED_NOTE if self.limits else "off"
             workers = self._pool.live()
             out["instances"] = sum(len(fn.instances) for fn in self._functions.values())
         out["workers"] = [{"slot": w.slot, "pid": w.pid, "instances": len(w.hosted),
@@ -283,12 +290,14 @@ class LocalBackend(FunctionBackend):
             header = {"op": "invoke", "call": call.id, "instance": inst.id,
                       "request_id": request_id,
                       "threads": max(1, min(self.cores, round(spec.vcpus or 1.0))),
+                      "vcpus": spec.vcpus or 1.0,
                       "unload": w.pending_unload}
             w.pending_unload = []
             if not inst.loaded:
                 header["load"] = {"function": name, "memory_mb": spec.memory_mb,
                                   "handler": {"factory": spec.handler.factory,
                                               "config": spec.handler.config}}
+        sent_at = time.time()
         try:
             with w.send_lock:
                 send_msg(w.conn, header, payload)
@@ -302,12 +311,20 @@ class LocalBackend(FunctionBackend):
             self._cond.notify_all()
             if call.timed_out or not finished:
                 self._counters["timeouts"] += 1
+                # Billed as the platform would: a timed-out attempt runs its full timeout.
+                self._records.append(failed_record(spec, sent_at, sent_at + spec.timeout_s,
+                                                   request_id, len(payload)))
                 raise timeout_error(name, spec.timeout_s)
             if call.lost or call.reply is None:
+                # The crashed attempt ran (and is billed) until the worker died.
+                self._records.append(failed_record(spec, sent_at, time.time(), request_id,
+                                                   len(payload)))
                 raise _Lost()
             reply = call.reply
             if not reply["ok"]:
-                if reply["phase"] == "init" and inst in fn.instances:
+                oom = reply.get("type") == "OutOfMemoryError"
+                self._counters["out_of_memory"] += int(oom)
+                if (reply["phase"] == "init" or oom) and inst in fn.instances:
                     self._retire(fn, inst)
                 else:
                     inst.loaded = True
@@ -319,6 +336,7 @@ class LocalBackend(FunctionBackend):
         with self._cond:
             self._records.append(record)
             self._counters["cold_starts"] += int(record.cold)
+            self._counters["cpu_stretch_s"] += float(reply.get("cpu_stretch_s", 0.0))
         return InvokeResult(call.body, record)
 
     def _check_open(self) -> None:

@@ -10,7 +10,9 @@ timeout runs from there) and one reply (``ok``, timings on the ``time.time()`` c
 storage request counts, or the error's type/message/hint/phase).
 
 A worker runs one invocation at a time (it is one CPU slot of the emulated node) and may
-host many function instances (their weights stay in its memory until unloaded).
+host many function instances (their weights stay in its memory until unloaded). With
+``limits`` in the config it charges each instance's memory and stretches sub-core vCPU
+shares (:mod:`moefleet.runtime.local_limits`, emulated).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from moefleet.platform import ObjectStore
+from moefleet.runtime.local_limits import MB, Meter, OutOfMemoryError, rss_bytes, trim_heap
 
 
 def send_msg(conn: Connection, header: dict[str, Any], body: bytes = b"") -> None:
@@ -44,6 +47,9 @@ class _Instance:
     handler: Any
     function: str
     threads: int
+    memory_mb: int = 0
+    vcpus: float = 1.0
+    charged: int = 0  # bytes its cold start added to the worker's RSS (local_limits)
 
 
 class _Worker:
@@ -54,6 +60,8 @@ class _Worker:
         self.max_inline = int(config["max_inline_bytes"])
         self.instances: dict[str, _Instance] = {}
         self._store: ObjectStore | None = None
+        self.limits = bool(config.get("limits", False))
+        self.base_rss = rss_bytes()  # the runtime footprint: nothing loaded yet
 
     def base_store(self) -> ObjectStore | None:
         # One client per process, like a boto3 client reused across a container's calls.
@@ -76,6 +84,7 @@ class _Worker:
     def unload(self, ids: list[str]) -> None:
         if any(self.instances.pop(i, None) is not None for i in ids):
             gc.collect()  # drop the weights now, not at some later allocation
+            trim_heap()
 
     def invoke(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
         import torch
@@ -93,12 +102,18 @@ class _Worker:
                 if load is None:
                     raise RuntimeError(f"instance {iid} is not loaded on this worker")
                 t0 = time.time()
+                meter = Meter() if self.limits else None
                 torch.set_num_threads(int(header["threads"]))
                 store, counter = self.caller_store()
                 init = InitContext(load["function"], int(load["memory_mb"]),
                                    int(header["threads"]), store)
                 handler = make_handler(HandlerRef(**load["handler"]), init)
-                self.instances[iid] = _Instance(handler, load["function"], int(header["threads"]))
+                inst = _Instance(handler, load["function"], int(header["threads"]),
+                                 int(load["memory_mb"]), float(header.get("vcpus") or 1.0))
+                if meter is not None:
+                    inst.charged = meter.growth()
+                    self._check_memory(inst, inst.charged, "init")
+                self.instances[iid] = inst
                 reply.update(cold=True, init_s=time.time() - t0)
                 if counter is not None:
                     st = counter.stats()
@@ -110,9 +125,17 @@ class _Worker:
             torch.set_num_threads(inst.threads)
             store, counter = self.caller_store()
             ctx = CallContext(inst.function, header.get("request_id"), store, self.max_inline)
+            meter = Meter() if self.limits else None
             reply["start"] = time.time()
-            out = inst.handler(body, ctx)
-            reply["end"] = time.time()
+            try:
+                out = inst.handler(body, ctx)
+            finally:
+                reply["end"] = time.time()  # a failed call lasted too (billing)
+            if meter is not None:
+                reply["memory_bytes"] = self.base_rss + inst.charged + meter.growth()
+                self._check_memory(inst, meter.growth() + inst.charged, "run")
+                reply["cpu_stretch_s"] = meter.stretch_to_share(inst.vcpus)
+                reply["end"] = time.time()
             if counter is not None:
                 st = counter.stats()
                 reply["puts"] += st.puts + st.lists
@@ -120,10 +143,18 @@ class _Worker:
             reply["ok"] = True
             return reply, bytes(out)
         except Exception as err:  # reported to the caller, never kills the worker
+            if isinstance(err, OutOfMemoryError):
+                self.unload([iid])  # the platform drops an instance that ran out of memory
             reply.update(ok=False, phase=phase, type=type(err).__name__,
                          message=getattr(err, "message", None) or str(err) or repr(err),
                          hint=getattr(err, "hint", ""))
             return reply, b""
+
+
+    def _check_memory(self, inst: _Instance, own: int, phase: str) -> None:
+        used = self.base_rss + own
+        if used > inst.memory_mb * MB:
+            raise OutOfMemoryError(inst.function, used, inst.memory_mb, phase)
 
 
 def worker_main(conn: Connection, slot: int) -> None:

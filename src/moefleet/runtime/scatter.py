@@ -87,6 +87,11 @@ def object_beta(method: str, beta: int, share_size: int) -> int:
     return beta if method == "pipelined" else max(share_size, 1)
 
 
+def route_key(prefix: str, layer: int) -> str:
+    """Where a pipelined layer's gate publishes ``ids_NK`` before uploading minibatches."""
+    return f"{prefix}/L{layer}/route"
+
+
 def share_keys(prefix: str, share: Share, beta: int) -> tuple[list[str], list[str]]:
     """Object keys of a share's input and output minibatches under ``prefix``."""
     count = len(minibatches(share.size, beta))

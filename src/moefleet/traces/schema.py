@@ -114,38 +114,125 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
     return path
 
 
+#: Experts per MoE layer at most (expert ids are int16).
+MAX_EXPERTS = 32_767
+#: Rows a trace may hold (tokens x MoE layers).
+MAX_ROWS = 200_000_000
+
+
 def read_trace(path: str | Path) -> Trace:
+    """Read and validate a trace. Invariants of the result: the metadata names a model,
+    increasing non-negative ``moe_layers`` with one positive ``num_experts`` each and
+    ``1 <= top_k <= min(num_experts)``; at least one row; every row's layer is a MoE layer
+    and every expert id is in ``[0, num_experts)`` of its layer; gate weights are finite;
+    every MoE layer has the same number of rows. Anything else is a ``DataError``."""
     path = Path(path)
+    hint = "re-record it with moefleet profile"
     if not path.is_file():
         raise DataError(
             f"trace file {path} does not exist",
             "record one with: moefleet profile --model M --dataset D --out trace.parquet",
         )
     try:
+        pf = pq.ParquetFile(path)
+        raw = (pf.schema_arrow.metadata or {}).get(META_KEY)
+        if raw is None:
+            raise DataError(
+                f"{path} has no moefleet metadata; it was not written by moefleet profile", hint)
+        meta = _check_meta(raw, path)
+        if pf.metadata.num_rows > MAX_ROWS:
+            raise DataError(f"{path} has {pf.metadata.num_rows} rows; the limit is {MAX_ROWS}",
+                            "split the trace")
         table = pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as err:
-        raise DataError(
-            f"{path} is not a readable Parquet file: {err}", "re-record it with moefleet profile"
-        ) from err
-    raw = (table.schema.metadata or {}).get(META_KEY)
-    if raw is None:
-        raise DataError(
-            f"{path} has no moefleet metadata; it was not written by moefleet profile",
-            "re-record it with moefleet profile",
-        )
-    meta = json.loads(raw)
-    missing_meta = [k for k in REQUIRED_META if k not in meta]
-    expected = arrow_schema(int(meta.get("top_k", 1)))
+    except (pa.ArrowException, OSError, ValueError) as err:
+        if isinstance(err, DataError):
+            raise
+        raise DataError(f"{path} is not a readable Parquet file: {err}", hint) from None
+    expected = arrow_schema(int(meta["top_k"]))
     missing_cols = [n for n in expected.names if n not in table.column_names]
-    if missing_meta or missing_cols:
+    if missing_cols:
+        raise DataError(f"{path} is missing {', '.join(missing_cols)}", hint)
+    try:
+        table = table.select(expected.names).cast(expected)
+    except (pa.ArrowException, ValueError) as err:
+        raise DataError(f"{path}: columns do not have the trace schema: {err}", hint) from None
+    trace = Trace(table, meta)
+    _check_rows(trace, path)
+    return trace
+
+
+def _check_meta(raw: bytes, path: Path) -> dict[str, Any]:
+    hint = "re-record it with moefleet profile"
+    try:
+        meta = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DataError(f"{path}: moefleet metadata is not valid JSON: {err}", hint) from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{path}: moefleet metadata must be a JSON object", hint)
+    missing = [k for k in REQUIRED_META if k not in meta]
+    if missing:
+        raise DataError(f"{path} is missing {', '.join(missing)}", hint)
+    version = meta.get("schema_version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise DataError(f"{path}: metadata field 'schema_version' must be an integer", hint)
+    if version > SCHEMA_VERSION:
         raise DataError(
-            f"{path} is missing {', '.join(missing_meta + missing_cols)}",
-            "re-record it with moefleet profile",
-        )
-    if meta.get("schema_version", 0) > SCHEMA_VERSION:
-        raise DataError(
-            f"{path} uses trace schema v{meta['schema_version']}, newer than this moefleet "
-            f"(v{SCHEMA_VERSION})",
-            "upgrade moefleet",
-        )
-    return Trace(table.select(expected.names).cast(expected), meta)
+            f"{path} uses trace schema v{version}, newer than this moefleet "
+            f"(v{SCHEMA_VERSION})", "upgrade moefleet")
+
+    def ints(name: str, lo: int, hi: int) -> list[int]:
+        v = meta[name]
+        if not isinstance(v, list) or not v or not all(
+                isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi for x in v):
+            raise DataError(f"{path}: metadata field '{name}' must be a non-empty list of "
+                            f"integers in [{lo}, {hi}], got {str(v)[:80]}", hint)
+        return list(v)
+
+    if not isinstance(meta["model"], str) or not meta["model"]:
+        raise DataError(f"{path}: metadata field 'model' must be a non-empty string", hint)
+    layers = ints("moe_layers", 0, 32_767)
+    experts = ints("num_experts", 1, MAX_EXPERTS)
+    if layers != sorted(set(layers)):
+        raise DataError(f"{path}: metadata field 'moe_layers' must be increasing", hint)
+    if len(experts) != len(layers):
+        raise DataError(f"{path}: metadata has {len(layers)} moe_layers but "
+                        f"{len(experts)} num_experts", hint)
+    k = meta["top_k"]
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= min(experts):
+        raise DataError(f"{path}: metadata field 'top_k' must be an integer in "
+                        f"[1, {min(experts)}], got {k!r}", hint)
+    return meta
+
+
+def _check_rows(trace: Trace, path: Path) -> None:
+    hint = "re-record it with moefleet profile"
+    table = trace.table
+    if table.num_rows == 0:
+        raise DataError(f"{path} has no rows", hint)
+    for name in ("layer", "expert_ids", "gate_weights"):
+        if table.column(name).null_count:
+            raise DataError(f"{path}: column '{name}' has missing values", hint)
+    layer_col = trace.column("layer")
+    ids_NK = trace.column("expert_ids")
+    layers = trace.moe_layers
+    present, per_layer = np.unique(layer_col, return_counts=True)
+    extra = sorted(set(present.tolist()) - set(layers))
+    if extra:
+        raise DataError(f"{path}: rows for layer(s) {extra[:5]} that metadata 'moe_layers' "
+                        f"{layers} does not list", hint)
+    if len(present) != len(layers) or len(set(per_layer.tolist())) != 1:
+        raise DataError(f"{path}: MoE layers have different row counts "
+                        f"{dict(zip(present.tolist(), per_layer.tolist(), strict=True))}; "
+                        "every token passes every MoE layer once", hint)
+    limit_N = np.zeros(layer_col.shape, dtype=np.int64)
+    for layer, e in zip(layers, trace.meta["num_experts"], strict=True):
+        limit_N[layer_col == layer] = int(e)
+    bad = (ids_NK < 0) | (ids_NK >= limit_N[:, None])
+    if bad.any():
+        row = int(np.argwhere(bad)[0][0])
+        raise DataError(f"{path}: row {row} routes to expert {int(ids_NK[bad][0])}, outside "
+                        f"[0, {int(limit_N[row])}) of layer {int(layer_col[row])}", hint)
+    gates_NK = trace.column("gate_weights")
+    if not np.all(np.isfinite(gates_NK)) or np.any(np.abs(gates_NK) > 1e6):
+        raise DataError(f"{path}: gate_weights hold NaN, infinite or absurd values "
+                        "(a corrupt file?)", hint)

@@ -56,6 +56,33 @@ class Workload(ABC):
     def describe(self) -> dict[str, Any]:
         """JSON-serialisable parameters and summary facts (``kind`` is always present)."""
 
+    def peak_rate_rps(self) -> float | None:
+        """The highest mean arrival rate of the process (req/s), if known up front.
+
+        Used to refuse a ``duration x rate`` that would generate more arrivals than
+        :data:`moefleet.limits.MAX_ARRIVALS` before any is generated."""
+        rates = [getattr(self, a) for a in ("rate_rps", "base_rps") if hasattr(self, a)]
+        if not rates:
+            return None
+        factor = float(getattr(self, "factor", 1.0))
+        return float(rates[0]) * max(1.0, factor)
+
+    def check_budget(self, duration_s: float) -> None:
+        """Raise ``LimitError`` if this process would make more than MAX_ARRIVALS arrivals
+        in ``duration_s`` (four standard deviations of slack for a Poisson count)."""
+        from moefleet.errors import LimitError
+        from moefleet.limits import MAX_ARRIVALS
+
+        rate = self.peak_rate_rps()
+        if rate is None or not math.isfinite(duration_s):
+            return
+        mean = rate * duration_s
+        if mean - 4 * math.sqrt(mean) > MAX_ARRIVALS:
+            raise LimitError(
+                f"workload {self.name} at {rate:g} req/s for {duration_s:g} s makes about "
+                f"{mean:.3g} requests; the limit is {MAX_ARRIVALS:,}",
+                "lower the rate or --duration (see README, 'Limits')")
+
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.describe().items() if k != "kind")
         return f"{type(self).__name__}({params})"

@@ -17,7 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from moefleet.errors import DataError
-from moefleet.io import write_text_atomic
+from moefleet.io import read_text_input, write_text_atomic
+from moefleet.limits import MAX_ARRIVALS, MAX_PROMPT_TOKENS
 from moefleet.workloads.base import Arrival
 
 COLUMNS = ("t_s", "request_id", "prompt_tokens", "output_tokens", "function")
@@ -45,9 +46,10 @@ def read_arrivals_csv(path: str | os.PathLike[str], *, sort: bool = False) -> li
     file = Path(path)
     if not file.is_file():
         raise DataError(f"arrivals file not found: {file}", "check the path")
+    text = read_text_input(file, "arrivals file", "an arrivals CSV (t_s,request_id,...)")
     out: list[Arrival] = []
     seen: set[str] = set()
-    with open(file, newline="", encoding="utf-8") as fh:
+    with io.StringIO(text, newline="") as fh:
         reader = csv.DictReader(fh)
         cols = reader.fieldnames or []
         missing = [c for c in REQUIRED if c not in cols]
@@ -67,6 +69,9 @@ def read_arrivals_csv(path: str | os.PathLike[str], *, sort: bool = False) -> li
                 raise DataError(
                     f"{file}:{line}: t_s={t} is earlier than the previous row's {out[-1].t_s}",
                     "sort the file by t_s, or read it with sort=True")
+            if len(out) >= MAX_ARRIVALS:
+                raise DataError(f"{file}: more than {MAX_ARRIVALS} arrivals",
+                                "see README, 'Limits'")
             out.append(Arrival(
                 t_s=t, request_id=rid,
                 prompt_tokens=_int(row.get("prompt_tokens"), "prompt_tokens", file, line),
@@ -104,4 +109,7 @@ def _int(text: str | None, col: str, file: Path, line: int) -> int | None:
                         f"{col} is a token count or empty") from None
     if v < 0:
         raise DataError(f"{file}:{line}: {col}={v} is negative", f"{col} is a token count")
+    if v > MAX_PROMPT_TOKENS:
+        raise DataError(f"{file}:{line}: {col}={v} exceeds the limit {MAX_PROMPT_TOKENS}",
+                        "see README, 'Limits'")
     return v

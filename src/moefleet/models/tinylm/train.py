@@ -138,14 +138,18 @@ def train(
     checkpoint_dir: Path,
     step_done: StepFn | None = None,
     log_every: int = 10,
+    init_state: dict[str, torch.Tensor] | None = None,
 ) -> TrainResult:
-    """Train from scratch, or resume from ``checkpoint_dir`` if it holds a checkpoint.
+    """Train from scratch (or from ``init_state``, e.g. an upcycled model's weights), or
+    resume from ``checkpoint_dir`` if it holds a checkpoint.
 
     The caller owns ``checkpoint_dir`` (one per recipe); it must not be shared between
     different recipes, since a checkpoint is trusted to belong to this run.
     """
     model = TinyMoELM(cfg)
     model.init_weights(torch.Generator().manual_seed(seed))
+    if init_state is not None:
+        model.load_state_dict(init_state, strict=True)
     opt = make_optimizer(model, spec)
     sampler = BatchSampler(stream_L, spec.batch, spec.seq_len, seed)
     ckpt = checkpoint_dir / _CHECKPOINT

@@ -1,0 +1,108 @@
+"""Glue between SALC and a running engine, and the ``--brownout`` option's grammar.
+
+:class:`BrownoutControl` is the one stateful piece: it keeps recent TTFT / TPOT samples
+(pruned to the controllers' window), runs the pure :class:`~moefleet.brownout.salc.SALC`
+before every engine step and sets the step's threshold on a
+:class:`~moefleet.brownout.routing.BrownoutExperts`. Time always comes from the caller
+(``now``), so a fake clock drives it in tests and the simulator.
+
+:func:`parse_brownout_spec` reads ``ways=8,slo-ttft=0.25,slo-tpot=0.15[,mode=full,
+warning=0.8,increment=0.1,shrink=0.8,window=5,interval=1]`` (seconds), as ``moefleet
+serve --brownout`` will take it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+from moefleet.brownout.routing import MODES, BrownoutError, BrownoutExperts
+from moefleet.brownout.salc import SALC, LatencySnapshot, SALCDecision, SALCPairState
+
+_FLOAT_KEYS = {"slo-ttft": "slo_ttft_s", "slo-tpot": "slo_tpot_s", "warning": "warning",
+               "increment": "increment", "shrink": "shrink", "window": "window_s",
+               "interval": "interval_s"}
+
+
+@dataclass(frozen=True)
+class BrownoutSpec:
+    ways: int
+    slo_ttft_s: float
+    slo_tpot_s: float
+    mode: str = "partial"
+    warning: float = 0.8
+    increment: float = 0.1
+    shrink: float = 0.8
+    window_s: float = 5.0
+    interval_s: float = 1.0
+
+    def salc(self) -> SALC:
+        """The controllers (validates every number: SLOs > 0, ratios in range)."""
+        return SALC(self.slo_ttft_s, self.slo_tpot_s, warning=self.warning,
+                    increment=self.increment, shrink=self.shrink, window_s=self.window_s,
+                    interval_s=self.interval_s)
+
+
+def parse_brownout_spec(text: str) -> BrownoutSpec:
+    values: dict[str, object] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, sep, raw = part.partition("=")
+        if not sep:
+            raise BrownoutError(f"--brownout item {part!r} is not key=value",
+                                "write e.g. ways=8,slo-ttft=0.25,slo-tpot=0.15")
+        if key == "ways":
+            try:
+                values["ways"] = int(raw)
+            except ValueError:
+                raise BrownoutError(f"--brownout ways={raw!r} is not an integer",
+                                    "use e.g. ways=8") from None
+        elif key == "mode":
+            if raw not in MODES:
+                raise BrownoutError(f"--brownout mode={raw!r} is unknown", f"use one of {MODES}")
+            values["mode"] = raw
+        elif key in _FLOAT_KEYS:
+            try:
+                values[_FLOAT_KEYS[key]] = float(raw)
+            except ValueError:
+                raise BrownoutError(f"--brownout {key}={raw!r} is not a number",
+                                    "give seconds, e.g. slo-ttft=0.25") from None
+        else:
+            raise BrownoutError(f"--brownout key {key!r} is unknown",
+                                f"keys: ways, mode, {', '.join(_FLOAT_KEYS)}")
+    missing = [k for k in ("ways", "slo_ttft_s", "slo_tpot_s") if k not in values]
+    if missing:
+        raise BrownoutError(f"--brownout {text!r} lacks {', '.join(missing)}",
+                            "write e.g. ways=8,slo-ttft=0.25,slo-tpot=0.15")
+    spec = BrownoutSpec(**values)  # type: ignore[arg-type]
+    if spec.ways < 2:
+        raise BrownoutError(f"--brownout ways={spec.ways} is below 2", "use 2 or more")
+    spec.salc()  # range checks, with messages naming the value
+    return spec
+
+
+class BrownoutControl:
+    """SALC applied per engine step to one BrownoutExperts (see module docstring)."""
+
+    def __init__(self, salc: SALC, experts: BrownoutExperts) -> None:
+        self.salc, self.experts = salc, experts
+        self.state = SALCPairState()
+        self._ttft: deque[tuple[float, float]] = deque()
+        self._tpot: deque[tuple[float, float]] = deque()
+        self.last: tuple[SALCDecision, SALCDecision] | None = None
+
+    def record(self, kind: Literal["ttft", "tpot"], finish_s: float, latency_s: float) -> None:
+        (self._ttft if kind == "ttft" else self._tpot).append((finish_s, latency_s))
+
+    def before_step(self, kind: Literal["prefill", "decode"], now: float) -> float:
+        """Run the controllers at ``now``; set and return the threshold for this step."""
+        for samples, window in ((self._ttft, self.salc.prefill.window_s),
+                                (self._tpot, self.salc.decode.window_s)):
+            while samples and samples[0][0] <= now - window:
+                samples.popleft()
+        self.last, self.state = self.salc.step(LatencySnapshot(now, list(self._ttft)),
+                                               LatencySnapshot(now, list(self._tpot)),
+                                               self.state)
+        threshold = SALC.threshold_for(kind, self.state)
+        self.experts.threshold = threshold
+        return threshold

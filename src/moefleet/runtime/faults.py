@@ -1,0 +1,263 @@
+"""Fault injection: a reusable harness that wraps a function backend and an object store.
+
+:class:`FaultyBackend` wraps any :class:`~moefleet.runtime.base.FunctionBackend` and, for a
+seeded fraction ``rate`` of invocations, injects one fault of a :class:`FaultPlan`'s kind:
+
+``crash``      a worker process of the wrapped local backend is SIGKILLed while the call
+               runs (real: the backend sees the lost call, bills the attempt, retries);
+``timeout``    the attempt is abandoned at the function's timeout (emulated: the wrapper
+               raises ``InvocationTimeoutError`` after ``timeout_s`` and bills the full
+               timeout, as Lambda bills a timed-out attempt);
+``throttle``   the platform refuses the call with ``retry_after_s`` (emulated 429 /
+               TooManyRequestsException: not run, not billed);
+``straggler``  the call is delayed by ``straggle_s`` before it reaches the function
+               (emulated slow start: added latency; the delay is outside the handler, so
+               it is not billed — a real slow instance would also bill it).
+
+:class:`FaultyStore` wraps an :class:`~moefleet.platform.ObjectStore`: ``store-503``
+raises :class:`StoreUnavailableError` (S3 503 SlowDown) and ``store-drop`` a
+``ConnectionResetError`` before the operation reaches the store, at rate ``rate``.
+:class:`ResilientStore` retries store operations under the ``store`` retry policy; a
+retried ``put`` writes the same bytes under the same key (idempotent: never a second
+object).
+
+Every retry above the backend goes through :func:`~moefleet.runtime.retry.retry_call`
+with the backend's explicit :data:`~moefleet.runtime.retry.POLICIES` entry; a retried
+expert call returns exactly one result to the executor, so nothing is gathered twice.
+Everything marked "emulated" says so in the benchmark's JSON.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import os
+import random
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from moefleet.errors import MoefleetError
+from moefleet.platform import InvocationRecord, ObjectStore, StorageError
+from moefleet.runtime.base import FunctionBackend, FunctionSpec, InvokeResult, failed_record
+from moefleet.runtime.errors import InvocationTimeoutError, ThrottledError
+from moefleet.runtime.retry import POLICIES, RetryPolicy, retry_call
+
+BACKEND_FAULTS = ("crash", "timeout", "throttle", "straggler")
+STORE_FAULTS = ("store-503", "store-drop")
+FAULT_KINDS = BACKEND_FAULTS + STORE_FAULTS
+EMULATED = {"timeout", "throttle", "straggler"}
+
+
+class StoreUnavailableError(StorageError):
+    """An object store refused a request for now (S3: 503 SlowDown)."""
+
+    retry_after_s = 0.0
+
+
+class InjectedThrottle(ThrottledError):
+    """A 429 / TooManyRequestsException carrying the platform's Retry-After."""
+
+    def __init__(self, name: str, retry_after_s: float) -> None:
+        super().__init__(f"{name}: throttled (429 TooManyRequests, injected)",
+                         f"retry after {retry_after_s:g} s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """Which fault, how often (fraction of invocations / store operations), seeded."""
+
+    kind: str
+    rate: float
+    seed: int = 0
+    straggle_s: float = 0.2
+    retry_after_s: float = 0.05
+    timeout_s: float = 0.2
+    crash_after_s: float = 0.005
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS and self.kind != "none":
+            raise MoefleetError(f"unknown fault kind {self.kind!r}",
+                                f"use one of: {', '.join(FAULT_KINDS)}")
+        if not 0.0 <= self.rate <= 1.0:
+            raise MoefleetError(f"fault rate must be in [0, 1], got {self.rate}")
+
+
+class _Dice:
+    """A seeded, thread-safe Bernoulli source (one draw per operation)."""
+
+    def __init__(self, rate: float, seed: int) -> None:
+        self.rate, self._rng, self._lock = rate, random.Random(seed), threading.Lock()
+        self.injected = 0
+
+    def roll(self) -> bool:
+        with self._lock:
+            hit = self._rng.random() < self.rate
+            self.injected += int(hit)
+            return hit
+
+
+class FaultyBackend(FunctionBackend):
+    """Wraps ``inner`` and injects backend faults; retries with ``policy`` above it."""
+
+    def __init__(self, inner: FunctionBackend, plan: FaultPlan,
+                 policy: RetryPolicy | None = None) -> None:
+        self.inner, self.plan = inner, plan
+        self.name = f"faulty-{inner.name}"
+        self.platform = inner.platform
+        self.policy = policy or POLICIES.get(inner.name, POLICIES["local"])
+        active = plan.kind in BACKEND_FAULTS
+        self._dice = _Dice(plan.rate if active else 0.0, plan.seed)
+        self._rng = random.Random(plan.seed + 1)
+        self._lock = threading.Lock()
+        self._failed: list[InvocationRecord] = []
+        self.retries = 0
+
+    @property
+    def injected(self) -> int:
+        return self._dice.injected
+
+    # -- the contract, delegated -------------------------------------------------------
+    def deploy(self, spec: FunctionSpec) -> FunctionSpec:
+        return self.inner.deploy(spec)
+
+    def scale(self, name: str, *, replicas: int | None = None,
+              concurrency: int | None = None) -> FunctionSpec:
+        return self.inner.scale(name, replicas=replicas, concurrency=concurrency)
+
+    def records(self) -> list[InvocationRecord]:
+        with self._lock:
+            return self.inner.records() + list(self._failed)
+
+    def teardown(self) -> None:
+        self.inner.teardown()
+
+    def functions(self) -> dict[str, FunctionSpec]:
+        return self.inner.functions()
+
+    @property
+    def max_inline_bytes(self) -> int:
+        return self.inner.max_inline_bytes
+
+    # -- faults ------------------------------------------------------------------------
+    def invoke(self, name: str, payload: bytes, *, request_id: str | None = None) -> InvokeResult:
+        def failed(err: BaseException, attempt: int) -> None:
+            with self._lock:
+                self.retries += 1
+
+        return retry_call(self.policy, lambda: self._attempt(name, payload, request_id),
+                          on_failure=failed, rng=self._rng)
+
+    def _attempt(self, name: str, payload: bytes, request_id: str | None) -> InvokeResult:
+        if not self._dice.roll():
+            return self.inner.invoke(name, payload, request_id=request_id)
+        kind, spec = self.plan.kind, self.inner.spec(name)
+        if kind == "throttle":
+            raise InjectedThrottle(name, self.plan.retry_after_s)
+        if kind == "timeout":
+            start = time.time()
+            time.sleep(self.plan.timeout_s)
+            with self._lock:  # billed for the whole timeout, like a timed-out Lambda
+                self._failed.append(failed_record(spec, start, start + spec.timeout_s,
+                                                  request_id, len(payload)))
+            raise InvocationTimeoutError(f"{name}: timed out (injected)", "retried")
+        if kind == "straggler":
+            time.sleep(self.plan.straggle_s)
+            return self.inner.invoke(name, payload, request_id=request_id)
+        # crash: SIGKILL a worker while this call runs; the backend retries the lost call.
+        killer = threading.Timer(self.plan.crash_after_s, self._kill_a_worker)
+        killer.start()
+        try:
+            return self.inner.invoke(name, payload, request_id=request_id)
+        finally:
+            killer.cancel()
+
+    def _kill_a_worker(self) -> None:
+        pids: list[int] = getattr(self.inner, "worker_pids", lambda: [])()
+        if pids:
+            pid = self._rng.choice(pids)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+class FaultyStore(ObjectStore):
+    """Wraps ``inner``; a seeded fraction of operations fails before reaching it."""
+
+    def __init__(self, inner: ObjectStore, plan: FaultPlan) -> None:
+        super().__init__()
+        self.inner, self.plan = inner, plan
+        self.url = inner.url
+        self._dice = _Dice(plan.rate if plan.kind in STORE_FAULTS else 0.0, plan.seed + 7)
+
+    @property
+    def injected(self) -> int:
+        return self._dice.injected
+
+    def _maybe_fail(self, op: str, key: str) -> None:
+        if self._dice.roll():
+            if self.plan.kind == "store-503":
+                raise StoreUnavailableError(f"{op} {key}: 503 SlowDown (injected)")
+            raise ConnectionResetError(f"{op} {key}: connection reset (injected)")
+
+    def put(self, key: str, data: bytes) -> None:
+        self._maybe_fail("PUT", key)
+        self.inner.put(key, data)
+
+    def get(self, key: str) -> bytes:
+        self._maybe_fail("GET", key)
+        return self.inner.get(key)
+
+    def exists(self, key: str) -> bool:
+        self._maybe_fail("HEAD", key)
+        return self.inner.exists(key)
+
+    def delete(self, key: str) -> None:
+        self._maybe_fail("DELETE", key)
+        self.inner.delete(key)
+
+    def list(self, prefix: str = "") -> builtins.list[str]:
+        self._maybe_fail("LIST", prefix)
+        return self.inner.list(prefix)
+
+    def stats(self) -> Any:
+        return self.inner.stats()
+
+
+class ResilientStore(ObjectStore):
+    """Retries every operation of ``inner`` under ``policy`` (default: ``store``)."""
+
+    def __init__(self, inner: ObjectStore, policy: RetryPolicy | None = None,
+                 seed: int = 0) -> None:
+        super().__init__()
+        self.inner, self.policy = inner, policy or POLICIES["store"]
+        self.url = inner.url
+        self._rng = random.Random(seed)
+        self.retries = 0
+
+    def _retry(self, fn: Any) -> Any:
+        def failed(err: BaseException, attempt: int) -> None:
+            self.retries += 1
+
+        return retry_call(self.policy, fn, on_failure=failed, rng=self._rng)
+
+    def put(self, key: str, data: bytes) -> None:
+        # Idempotent: a retry rewrites the same bytes under the same key.
+        self._retry(lambda: self.inner.put(key, data))
+
+    def get(self, key: str) -> bytes:
+        return self._retry(lambda: self.inner.get(key))
+
+    def exists(self, key: str) -> bool:
+        return self._retry(lambda: self.inner.exists(key))
+
+    def delete(self, key: str) -> None:
+        self._retry(lambda: self.inner.delete(key))
+
+    def list(self, prefix: str = "") -> builtins.list[str]:
+        return self._retry(lambda: self.inner.list(prefix))
+
+    def stats(self) -> Any:
+        return self.inner.stats()

@@ -1,0 +1,94 @@
+"""The fault-injection harness on the local backend at a small fault count: every fault
+kind loses no request, outputs still equal the monolithic model, and failed attempts
+are billed. (benchmarks/faults.py runs the same harness at 1/5/20 % for the figures.)"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from moefleet.models.hf import HFMoEAdapter
+from moefleet.models.tiny import tiny_model
+from moefleet.plan import DeploymentPlan
+from moefleet.platform import LocalObjectStore, load_platform
+from moefleet.runtime.deploy import Deployment, deploy_plan
+from moefleet.runtime.fault_runs import run_under_faults
+from moefleet.runtime.faults import FaultPlan, FaultyStore, ResilientStore, StoreUnavailableError
+from moefleet.runtime.local import LocalBackend
+from moefleet.runtime.retry import POLICIES, RetryPolicy, retry_call
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
+    platform = load_platform("aws-lambda")
+    store = LocalObjectStore(tmp_path_factory.mktemp("store"))
+    adapter = HFMoEAdapter(tiny_model("mixtral"))
+    experts = [adapter.num_experts(layer) for layer in adapter.moe_layers]
+    plan = DeploymentPlan.uniform("mixtral", platform.name, adapter.moe_layers, experts,
+                                  adapter.num_layers, 512, method="storage")
+    backend = LocalBackend(platform, store=store, workers=2)
+    try:
+        dep = deploy_plan(adapter, plan, platform, store, backend=backend)
+        yield platform, store, adapter, backend, dep
+    finally:
+        backend.teardown()
+
+
+def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
+    out = []
+    for s in range(n):
+        g = torch.Generator().manual_seed(s)
+        ids = torch.randint(0, 1000, (1, 6), generator=g)
+        out.append((ids, torch.ones_like(ids), [f"r{s}"]))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["crash", "timeout", "throttle", "straggler", "store-503",
+                                  "store-drop"])
+def test_no_request_is_lost_and_failed_attempts_are_billed(
+        kind: str, setup: tuple) -> None:
+    platform, store, adapter, backend, dep = setup
+    assert isinstance(dep, Deployment)
+    plan = FaultPlan(kind, rate=0.2, seed=3, straggle_s=0.02, timeout_s=0.02)
+    run = run_under_faults(dep, backend, store, platform, plan, _batches(2), adapter)
+    assert run.injected >= 1  # the faults happened
+    assert run.lost == 0 and run.failed == 0, run.errors
+    assert run.completed == run.outputs_equal == 2
+    if kind in ("timeout", "crash"):
+        assert run.failed_attempts >= 1 and run.failed_attempt_cost_usd > 0
+    assert not [k for k in store.list(dep.prefix + "/") if "/runs/" in k]  # no leftovers
+
+
+def test_retried_uploads_never_duplicate_objects(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    inner = LocalObjectStore(tmp_path)
+    store = ResilientStore(FaultyStore(inner, FaultPlan("store-503", rate=0.3, seed=1)))
+    for i in range(20):
+        store.put(f"k/{i}", bytes([i]) * 10)
+    assert inner.list("k/") == sorted(f"k/{i}" for i in range(20))
+    assert all(inner.get(f"k/{i}") == bytes([i]) * 10 for i in range(20))
+    assert store.retries >= 1
+
+
+def test_retry_policy_honours_retry_after_and_stops() -> None:
+    import random
+
+    policy = RetryPolicy(attempts=3, base_s=0.0, cap_s=0.0)
+    err = StoreUnavailableError("503")
+    err.retry_after_s = 0.3
+    assert policy.delay_s(0, err, random.Random(0)) == 0.3  # the server's floor wins
+    calls: list[int] = []
+
+    def always_fails() -> None:
+        calls.append(1)
+        raise ConnectionResetError("reset")
+
+    with pytest.raises(ConnectionResetError):
+        retry_call(policy, always_fails)
+    assert len(calls) == 3
+    with pytest.raises(ValueError):  # not retryable: raised at once
+        retry_call(policy, lambda: (_ for _ in ()).throw(ValueError("bug")))
+    assert set(POLICIES) >= {"local", "ray", "aws", "store"}
