@@ -11,8 +11,8 @@ import signal
 import typer
 
 from moefleet.cli import autoscale as _autoscale
-from moefleet.cli import brownout as _brownout
 from moefleet.cli import bench as _bench
+from moefleet.cli import brownout as _brownout
 from moefleet.cli import demo as _demo
 from moefleet.cli import export as _export
 from moefleet.cli import generate as _generate
