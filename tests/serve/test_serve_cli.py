@@ -27,7 +27,9 @@ def test_serve_subprocess(tmp_path: Path) -> None:
         [str(Path(__file__).resolve().parents[2] / "src"), os.environ.get("PYTHONPATH", "")]),
         "MOEFLEET_API_KEY": "k"}
     proc = subprocess.Popen([sys.executable, "-m", "moefleet", "serve", "--model",
-                             str(model_dir), "--port", str(port), "--max-num-seqs", "4"],
+                             str(model_dir), "--port", str(port), "--max-num-seqs", "4",
+                             # SALC starts at threshold 1 (zero brownout): same outputs
+                             "--brownout", "ways=2,slo-ttft=30,slo-tpot=30,mode=full"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -49,6 +51,10 @@ def test_serve_subprocess(tmp_path: Path) -> None:
             headers={"Content-Type": "application/json", "Authorization": "Bearer k"})
         body = json.loads(urllib.request.urlopen(req, timeout=60).read())
         assert body["usage"]["completion_tokens"] == 2
+        metrics = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+        setting = [ln for ln in metrics.splitlines()
+                   if 'setting="brownout_threshold_prefill"' in ln]
+        assert setting and float(setting[0].split()[-1]) == 1.0
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         try:
@@ -66,5 +72,8 @@ def test_serve_rejects_bad_options() -> None:
 
     r = CliRunner().invoke(app, ["serve", "--model", "tiny-moe-lm", "--port", "70000"])
     assert r.exit_code == 2 and "--port" in r.output
+    r = CliRunner().invoke(app, ["serve", "--model", "x", "--brownout", "ways=1,slo-ttft=1,"
+                                 "slo-tpot=1"])
+    assert r.exit_code == 2 and "ways=1" in r.output
     r = CliRunner().invoke(app, ["serve", "--model", "x", "--plan", "p.yaml"])
     assert r.exit_code == 2 and "--plan" in r.output

@@ -8,9 +8,11 @@ inter-token gap (the TPOT sample). Everything runs on the engine's clock.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from moefleet.brownout.control import BrownoutControl
+from moefleet.brownout.routing import BrownoutExperts
 from moefleet.engine.request import RequestOutput
 from moefleet.engine.scheduler import SchedulerOutput
 
@@ -36,3 +38,17 @@ class SALCHook:
                 self.control.record("ttft", now, t.token_times[0] - t.arrival)
             else:
                 self.control.record("tpot", now, t.token_times[-1] - t.token_times[-2])
+
+
+class ThresholdReport:
+    """Reports the threshold each step runs with, by step kind (e.g. to a Prometheus
+    gauge); add it after the :class:`SALCHook` so it sees the step's setting."""
+
+    def __init__(self, experts: BrownoutExperts, report: Callable[[str, float], None]) -> None:
+        self.experts, self.report = experts, report
+
+    def before_step(self, out: SchedulerOutput, now: float) -> None:
+        self.report("prefill" if out.has_prefill else "decode", self.experts.threshold)
+
+    def after_step(self, outputs: list[RequestOutput], now: float) -> None:
+        return None

@@ -15,8 +15,9 @@ from typing import Any
 from moefleet.brownout.control import BrownoutControl
 from moefleet.brownout.distill import DistillConfig, distill
 from moefleet.brownout.hook import SALCHook
-from moefleet.brownout.routing import BrownoutExperts
+from moefleet.brownout.routing import BrownoutExperts, Grouping, index_groups
 from moefleet.brownout.salc import SALC
+from moefleet.brownout.united import UnitedExperts
 from moefleet.engine import Engine
 from moefleet.engine.build import build_engine
 from moefleet.models.base import MoEModelAdapter
@@ -31,9 +32,13 @@ def brownout_engine(adapter: MoEModelAdapter, *, ways: int | None, grouping: str
     inner = local_experts(adapter, kernel)
     if ways is None:
         return build_engine(adapter, experts=inner, **engine_kw), None, None
-    cfg = distill_config or DistillConfig()
-    united = distill(adapter, ways, grouping, cfg)
-    experts = BrownoutExperts(inner, united, threshold, mode)
+    if mode == "full":  # drops rare experts' pairs: groups are not used, nothing to distill
+        groups: Grouping | UnitedExperts = Grouping(
+            ways, "index", {layer: index_groups(adapter.num_experts(layer), ways)
+                            for layer in adapter.moe_layers})
+    else:
+        groups = distill(adapter, ways, grouping, distill_config or DistillConfig())
+    experts = BrownoutExperts(inner, groups, threshold, mode)
     hook = SALCHook(BrownoutControl(salc, experts)) if salc is not None else None
     engine = build_engine(adapter, experts=experts, hooks=[hook] if hook else None,
                           **engine_kw)

@@ -36,6 +36,10 @@ def serve_cmd(
                         ] = None,
     plan: Annotated[str | None, typer.Option(help="deployment plan (not yet supported)")
                     ] = None,
+    brownout: Annotated[str | None, typer.Option(
+        help="BrownoutServe: ways=8,slo-ttft=S,slo-tpot=S[,mode=partial|full,warning=,"
+             "increment=,shrink=,window=,interval=] (SALC sets the threshold each step)")
+                        ] = None,
 ) -> None:
     """Serve a model over HTTP: /v1/completions, /v1/chat/completions, /metrics, ...
 
@@ -67,13 +71,34 @@ def serve_cmd(
         from moefleet.engine.build import build_engine
         from moefleet.models.registry import load_adapter
 
+        spec = None
+        if brownout is not None:
+            from moefleet.brownout.control import parse_brownout_spec
+
+            spec = parse_brownout_spec(brownout)  # before loading: bad specs fail fast
+            slo_ttft = slo_ttft if slo_ttft is not None else spec.slo_ttft_s
+            slo_tpot = slo_tpot if slo_tpot is not None else spec.slo_tpot_s
         adapter = load_adapter(model)
-        engine = build_engine(adapter, device=device, max_num_seqs=max_num_seqs)
+        experts = None
+        if spec is not None:
+            from moefleet.brownout.serving import brownout_engine
+
+            engine, experts, _ = brownout_engine(adapter, ways=spec.ways, mode=spec.mode,
+                                                 salc=spec.salc(), device=device,
+                                                 max_num_seqs=max_num_seqs)
+        else:
+            engine = build_engine(adapter, device=device, max_num_seqs=max_num_seqs)
         name = served_name or (adapter.name if os.path.isdir(os.path.expanduser(model))
                                else model)
         app = create_app(engine, model_name=name, api_key=key, max_waiting=max_waiting,
                          max_body_bytes=max_body_kb * 1024, platform=platform,
                          memory_mb=memory_mb, slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot)
+        if experts is not None:
+            from moefleet.brownout.hook import ThresholdReport
+
+            gauge = app.state.serve.metrics.controller
+            engine.hooks.append(ThresholdReport(experts, lambda kind, th: gauge.labels(
+                name, f"brownout_threshold_{kind}").set(th)))
         err_console.print(f"serving {name!r} on http://{host}:{port} (API key "
                           f"{'required' if key else 'off'}); Ctrl-C stops", highlight=False)
     uvicorn.run(app, host=host, port=port, log_level="warning")
