@@ -8,8 +8,9 @@ Every attention layer caches two tensors per token (keys and values for multi-he
 attention; DeepSeek-V2's compressed latent and rotary key for MLA). Their shapes differ
 between families, so the cache learns them once from a probe (:class:`KVLayout`)
 and keeps, per layer, two pools ``[H, num_blocks, P, C]`` (heads first, so a
-gathered ``[H, B, M, P, C]`` views as ``[B, H, S, C]`` without a second copy). A sequence owns a list of blocks
-(its block table); its token ``i`` lives in block ``table[i // P]`` at offset ``i % P``.
+gathered ``[H, B, M, P, C]`` views as ``[B, H, S, C]`` without a second copy). A
+sequence owns a list of blocks (its block table); its token ``i`` lives in block
+``table[i // P]`` at offset ``i % P``.
 
 A step hands the attention modules a :class:`StepCacheView`, which HF attention calls as
 ``past_key_values.update(a, b, layer_idx)``: the view writes each row's *valid* new
