@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Extras installed for the suite (ray adds ~15 s to a fresh install).
-EXTRAS ?= dev,aws,plan,sim,ray
+EXTRAS ?= dev,aws,plan,sim,ray,serve
 
 .PHONY: install demo test lint bench clean
 

@@ -11,6 +11,7 @@ import signal
 import typer
 
 from moefleet.cli import autoscale as _autoscale
+from moefleet.cli import bench as _bench
 from moefleet.cli import brownout as _brownout
 from moefleet.cli import demo as _demo
 from moefleet.cli import export as _export
@@ -23,6 +24,7 @@ from moefleet.cli import predict as _predict
 from moefleet.cli import profile as _profile
 from moefleet.cli import profile_compute as _profile_compute
 from moefleet.cli import runtime as _runtime
+from moefleet.cli import serve as _serve
 from moefleet.cli import simulate as _simulate
 from moefleet.cli import traces as _traces
 
@@ -43,6 +45,7 @@ _plan.app.command("bo")(_plan_bo.bo_cmd)  # beside `plan show`; its own module (
 app.add_typer(_plan.app, name="plan")
 app.add_typer(_predict.app, name="predict")
 app.add_typer(_brownout.app, name="brownout")
+app.add_typer(_bench.app, name="bench")
 app.command("profile")(_profile.profile_cmd)
 app.command("profile-compute")(_profile_compute.profile_compute_cmd)
 app.command("demo")(_demo.demo_cmd)
@@ -51,6 +54,7 @@ app.command("run")(_runtime.run_cmd)
 app.command("simulate")(_simulate.simulate_cmd)
 app.command("export")(_export.export_cmd)
 app.command("generate")(_generate.generate_cmd)
+app.command("serve")(_serve.serve_cmd)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

@@ -6,9 +6,11 @@ row, P positions per block (``block_size``).
 
 Every attention layer caches two tensors per token (keys and values for multi-head
 attention; DeepSeek-V2's compressed latent and rotary key for MLA). Their shapes differ
-between families, so the cache learns them once from a probe (:class:`KVLayout`) and
-keeps, per layer, two pools ``[num_blocks, H, P, C]``. A sequence owns a list of blocks
-(its block table); its token ``i`` lives in block ``table[i // P]`` at offset ``i % P``.
+between families, so the cache learns them once from a probe (:class:`KVLayout`)
+and keeps, per layer, two pools ``[H, num_blocks, P, C]`` (heads first, so a
+gathered ``[H, B, M, P, C]`` views as ``[B, H, S, C]`` without a second copy). A
+sequence owns a list of blocks (its block table); its token ``i`` lives in block
+``table[i // P]`` at offset ``i % P``.
 
 A step hands the attention modules a :class:`StepCacheView`, which HF attention calls as
 ``past_key_values.update(a, b, layer_idx)``: the view writes each row's *valid* new
@@ -71,8 +73,8 @@ class KVCache:
         self.device = torch.device(device)
         P = block_size
         self._pools: list[tuple[torch.Tensor, torch.Tensor]] = [
-            (torch.zeros(num_blocks, ha, P, ca, dtype=layout.dtype, device=self.device),
-             torch.zeros(num_blocks, hb, P, cb, dtype=layout.dtype, device=self.device))
+            (torch.zeros(ha, num_blocks, P, ca, dtype=layout.dtype, device=self.device),
+             torch.zeros(hb, num_blocks, P, cb, dtype=layout.dtype, device=self.device))
             for (ha, ca), (hb, cb) in layout.shapes
         ]
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() from the end
@@ -200,12 +202,13 @@ class StepCacheView:
         pools = self.cache._pools[layer_idx]
         out = []
         for x_BHTC, pool in zip((a_BHTC, b_BHTC), pools, strict=True):
-            # [B, H, T, C] -> [B, T, H, C] -> [N_valid, H, C]
-            new_NHC = x_BHTC.transpose(1, 2)[self._valid_BT]
-            pool[self._dst_blk, :, self._dst_off] = new_NHC.to(pool.dtype)
-            g_BMHPC = pool[self._table_BM]
-            B, M, H, P, C = g_BMHPC.shape
-            out.append(g_BMHPC.permute(0, 2, 1, 3, 4).reshape(B, H, M * P, C).to(x_BHTC.dtype))
+            # [B, H, T, C] -> [B, T, H, C] -> [N_valid, H, C] -> [H, N_valid, C]
+            new_HNC = x_BHTC.transpose(1, 2)[self._valid_BT].transpose(0, 1)
+            pool[:, self._dst_blk, self._dst_off] = new_HNC.to(pool.dtype)
+            g_HBMPC = pool[:, self._table_BM]  # the one copy: each row's blocks
+            H, B, M, P, C = g_HBMPC.shape
+            out.append(g_HBMPC.permute(1, 0, 2, 3, 4).reshape(B, H, M * P, C)
+                       .to(x_BHTC.dtype))
         return out[0], out[1]
 
     def commit(self) -> None:

@@ -1,0 +1,46 @@
+"""BrownoutServe inside the engine: one call from a model to a brownout engine.
+
+    engine, experts, hook = brownout_engine(adapter, ways=8, threshold=0.4)
+    engine, experts, hook = brownout_engine(adapter, ways=8, salc=SALC(0.5, 0.1))
+
+``ways=None`` gives the plain engine (zero brownout) with the same kernel, so
+comparisons differ only in routing. United experts come from the distillation cache
+(distilled on first use, then loaded).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moefleet.brownout.control import BrownoutControl
+from moefleet.brownout.distill import DistillConfig, distill
+from moefleet.brownout.hook import SALCHook
+from moefleet.brownout.routing import BrownoutExperts, Grouping, index_groups
+from moefleet.brownout.salc import SALC
+from moefleet.brownout.united import UnitedExperts
+from moefleet.engine import Engine
+from moefleet.engine.build import build_engine
+from moefleet.models.base import MoEModelAdapter
+from moefleet.models.local_experts import Kernel, local_experts
+
+
+def brownout_engine(adapter: MoEModelAdapter, *, ways: int | None, grouping: str = "index",
+                    threshold: float = 1.0, mode: str = "partial", salc: SALC | None = None,
+                    kernel: Kernel = "auto", distill_config: DistillConfig | None = None,
+                    **engine_kw: Any
+                    ) -> tuple[Engine, BrownoutExperts | None, SALCHook | None]:
+    inner = local_experts(adapter, kernel)
+    if ways is None:
+        return build_engine(adapter, experts=inner, **engine_kw), None, None
+    if mode == "full":  # drops rare experts' pairs: groups are not used, nothing to distill
+        groups: Grouping | UnitedExperts = Grouping(
+            ways, "index", {layer: index_groups(adapter.num_experts(layer), ways)
+                            for layer in adapter.moe_layers})
+    else:
+        groups = distill(adapter, ways, grouping, distill_config or DistillConfig())
+    experts = BrownoutExperts(inner, groups, threshold, mode)
+    hook = SALCHook(BrownoutControl(salc, experts)) if salc is not None else None
+    engine = build_engine(adapter, experts=experts, hooks=[hook] if hook else None,
+                          **engine_kw)
+    return engine, experts, hook
+

@@ -1,0 +1,203 @@
+"""The FastAPI app: one engine thread per app, OpenAI-compatible routes, /metrics.
+
+``create_app(engine, ...)`` starts the engine's thread when the app starts (lifespan) and
+stops it when the app stops. ``/v1/*`` needs the API key when one is set; ``/health``,
+``/metrics`` and the tokenizer routes stay open.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from moefleet.engine import Engine
+from moefleet.platform import load_platform
+from moefleet.serve.cost import InProcessPricer
+from moefleet.serve.errors import ERROR_RESPONSES, HANDLERS, APIError, error_body
+from moefleet.serve.metrics import ServeMetrics
+from moefleet.serve.openai_api import router as openai_router
+from moefleet.serve.protocol import DetokenizeRequest, TokenizeRequest
+from moefleet.serve.state import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITING, ServeState
+from moefleet.serve.submit import chat_prompt
+from moefleet.serve.worker import EngineWorker
+
+DEFAULT_MEMORY_MB = 2048
+
+
+class BodyLimit:
+    """Answers 413 for bodies over ``limit`` bytes, declared or streamed, before any parse."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            await self._reject(send)
+            return
+        chunks, size, more = [], 0, True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                break
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await self._reject(send)
+                return
+            chunks.append(chunk)
+            more = msg.get("more_body", False)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, send: Send) -> None:
+        resp = JSONResponse(error_body(413, f"request body over {self.limit} bytes",
+                                       code="body_too_large"), status_code=413)
+        await resp({"type": "http"}, _no_receive, send)
+
+
+async def _no_receive() -> Message:
+    return {"type": "http.disconnect"}
+
+
+def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
+               max_waiting: int = DEFAULT_MAX_WAITING,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, platform: str = "aws-lambda",
+               memory_mb: int = DEFAULT_MEMORY_MB, slo_ttft_s: float | None = None,
+               slo_tpot_s: float | None = None, default_max_tokens: int | None = None
+               ) -> FastAPI:
+    metrics = ServeMetrics(model_name)
+    pricer = InProcessPricer(load_platform(platform), memory_mb)
+    worker = EngineWorker(engine, metrics, pricer, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
+    adapter = getattr(engine.runner, "adapter", None)
+    vocab = adapter.vocab_size if adapter is not None else 1 << 31
+    state = ServeState(worker, metrics, model_name, engine.runner.max_model_len, vocab,
+                       api_key=api_key, max_waiting=max_waiting, max_body_bytes=max_body_bytes,
+                       default_max_tokens=default_max_tokens)
+    if slo_ttft_s is not None:
+        metrics.controller.labels(model_name, "slo_ttft_s").set(slo_ttft_s)
+    if slo_tpot_s is not None:
+        metrics.controller.labels(model_name, "slo_tpot_s").set(slo_tpot_s)
+    metrics.controller.labels(model_name, "max_waiting").set(max_waiting)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if not worker.is_alive():
+            worker.start()
+        yield
+        worker.stop()
+
+    app = FastAPI(title="moefleet", version="1", lifespan=lifespan,
+                  exception_handlers=HANDLERS)  # type: ignore[arg-type]
+    app.state.serve = state
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
+
+    async def check_key(request: Request) -> None:
+        if state.api_key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        given = auth[7:] if auth.lower().startswith("bearer ") else ""
+        if not hmac.compare_digest(given.encode(), state.api_key.encode()):
+            raise APIError(401, "missing or wrong API key; send Authorization: Bearer <key>",
+                           code="invalid_api_key")
+
+    v1 = APIRouter(dependencies=[Depends(check_key)])
+    v1.include_router(openai_router())
+
+    @v1.get("/v1/models", responses=ERROR_RESPONSES)
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": int(time.time()),
+            "owned_by": "moefleet", "max_model_len": state.max_model_len}]}
+
+    app.include_router(v1)
+    _open_routes(app, state)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _open_routes(app: FastAPI, state: ServeState) -> None:
+    @app.get("/health", responses={503: ERROR_RESPONSES[503]})
+    async def health() -> Response:
+        if not state.worker.alive:
+            return JSONResponse(error_body(503, state.worker.error or "engine not running",
+                                           code="engine_dead"), status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics", response_class=Response,
+             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/tokenize", responses=ERROR_RESPONSES)
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        state.check_model(body.model)
+        state.check_alive()
+        msgs = [(m.role, m.text()) for m in body.messages or []]
+
+        def run(e: Engine) -> list[int]:
+            text = body.prompt if body.prompt is not None else chat_prompt(e, msgs)
+            return e.tokenize(text)
+
+        ids = await state.call(run)
+        return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
+
+    @app.post("/detokenize", responses=ERROR_RESPONSES)
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        state.check_model(body.model)
+        state.check_alive()
+        bad = [t for t in body.tokens if not 0 <= t < state.vocab_size]
+        if bad:
+            raise APIError(400, f"token ids {bad[:5]} are outside the vocabulary "
+                           f"[0, {state.vocab_size})", param="tokens", code="invalid_value")
+        text = await state.call(lambda e: e.tokenizer.decode(body.tokens) if e.tokenizer
+                                else "")
+        return {"prompt": text}
+
+    @app.get("/tokenizer_info", responses={503: ERROR_RESPONSES[503]})
+    async def tokenizer_info() -> dict[str, Any]:
+        state.check_alive()
+
+        def info(e: Engine) -> dict[str, Any]:
+            t = e.tokenizer
+            return {"tokenizer_class": type(t).__name__ if t is not None else None,
+                    "vocab_size": state.vocab_size, "max_model_len": state.max_model_len,
+                    "eos_token_id": getattr(t, "eos_token_id", None),
+                    "bos_token_id": getattr(t, "bos_token_id", None),
+                    "chat_template": getattr(t, "chat_template", None)}
+
+        return await state.call(info)
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, with its 422 replaced by the 400 we actually return."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    for ops in schema.get("paths", {}).values():
+        for op in ops.values():
+            op.get("responses", {}).pop("422", None)
+    for name in ("HTTPValidationError", "ValidationError"):
+        schema.get("components", {}).get("schemas", {}).pop(name, None)
+    app.openapi_schema = schema
+    return schema

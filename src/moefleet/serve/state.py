@@ -1,0 +1,60 @@
+"""What every handler shares: the worker, the served model's name and the limits."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from moefleet.engine import Engine
+from moefleet.serve.errors import APIError
+from moefleet.serve.metrics import ServeMetrics
+from moefleet.serve.worker import EngineWorker
+
+DEFAULT_MAX_WAITING = 256
+DEFAULT_MAX_BODY_BYTES = 4 << 20
+
+
+@dataclass
+class ServeState:
+    worker: EngineWorker
+    metrics: ServeMetrics
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    api_key: str | None = None
+    max_waiting: int = DEFAULT_MAX_WAITING
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    default_max_tokens: int | None = None  # None: whatever room the context leaves
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"model {model!r} does not exist; this server serves "
+                           f"{self.model_name!r}", param="model", code="model_not_found")
+
+    def check_alive(self) -> None:
+        if not self.worker.alive:
+            raise APIError(503, self.worker.error or "engine is not running",
+                           code="engine_dead")
+
+    def admit(self) -> None:
+        """Shed load before it queues: 503 + Retry-After once the waiting queue is full."""
+        self.check_alive()
+        if self.worker.num_waiting + self.worker.pending >= self.max_waiting:
+            self.metrics.rejected.labels(self.model_name).inc()
+            raise APIError(503, f"server overloaded: {self.worker.num_waiting} requests "
+                           f"waiting (limit {self.max_waiting})", code="overloaded",
+                           headers={"Retry-After": "1"})
+
+    async def call(self, fn: Callable[[Engine], Any]) -> Any:
+        try:
+            return await self.worker.call(fn)
+        except RuntimeError as err:
+            if not self.worker.alive:
+                raise APIError(503, str(err), code="engine_dead") from err
+            raise
+
+
+def new_queue() -> asyncio.Queue[Any]:
+    return asyncio.Queue()

@@ -1,0 +1,85 @@
+"""A real server on 127.0.0.1: a tiny random Mixtral (GPT-2 BPE) behind uvicorn in a
+thread. One server per session; tests that need other settings start their own."""
+
+from __future__ import annotations
+
+import functools
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+MODEL = "tiny-mixtral"
+
+
+@dataclass
+class Server:
+    url: str
+    app: Any
+
+    @property
+    def engine(self) -> Any:
+        return self.app.state.serve.worker.engine
+
+
+@functools.cache
+def tiny_adapter() -> Any:
+    """Built once per session (random init of a 50k vocabulary is the slow part)."""
+    from moefleet.models.hf import HFMoEAdapter
+    from moefleet.models.tiny import tiny_model
+    from moefleet.models.tokenizers import gpt2_tokenizer
+
+    tok = gpt2_tokenizer()
+    return HFMoEAdapter(tiny_model("mixtral", vocab_size=len(tok)), tok, name=MODEL)
+
+
+def tiny_engine(max_num_seqs: int = 8) -> Any:
+    """A fresh engine (own KV cache and stats) over the shared weights."""
+    from moefleet.engine.build import build_engine
+
+    return build_engine(tiny_adapter(), max_num_seqs=max_num_seqs)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def running(engine: Any = None, **kw: Any) -> Iterator[Server]:
+    import uvicorn
+
+    from moefleet.serve import create_app
+
+    app = create_app(engine or tiny_engine(), model_name=MODEL, **kw)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield Server(f"http://127.0.0.1:{port}", app)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    # Requests without max_tokens get 16, not the whole context: fuzzing stays fast.
+    with running(default_max_tokens=16) as s:
+        yield s
