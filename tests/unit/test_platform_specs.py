@@ -27,6 +27,7 @@ EXPECTED = {
     "azure-functions-flex",
     "alibaba-fc",
     "alibaba-fc-gpu",
+    "gcp-cloud-run-l4",
     "openfaas-k8s",
     "cpu-cluster",
     "gpu-server",

@@ -150,7 +150,8 @@ def plan_cmd(
     model: Annotated[str | None, typer.Option(
         "--model", "-m", help="Model the plan is for (default: the profile's).")] = None,
     policy: Annotated[str, typer.Option(
-        help="ods | ods-paper | miqcp | random | lambdaml.")] = "ods",
+        help="ods | ods-paper | miqcp | random | lambdaml; Remoe: remoe | remoe-sweep | "
+        "cpu | gpu | mix | fetch.")] = "ods",
     platform: Annotated[str, typer.Option(help="Platform name or YAML.")] = "aws-lambda",
     slo: Annotated[float | None, typer.Option(help="End-to-end latency limit, seconds.")] = None,
     counts: Annotated[Path | None, typer.Option(
@@ -173,6 +174,25 @@ def plan_cmd(
         help="Steady-state serving: instances already hold their parameters (no per-batch "
         "parameter download or GET, warm start not billed). Default: the paper's model.")
     ] = False,
+    ttft: Annotated[float | None, typer.Option(
+        min=1e-6, max=1e6, help="Remoe: TTFT SLO, seconds.")] = None,
+    tpot: Annotated[float | None, typer.Option(
+        min=1e-6, max=1e6, help="Remoe: TPOT SLO, seconds.")] = None,
+    activation: Annotated[Path | None, typer.Option(
+        help="Remoe: activation distribution (layers x experts) .npy or .json (SPS).")
+    ] = None,
+    n_in: Annotated[int, typer.Option(min=1, max=10**6, help="Remoe: input tokens.")] = 128,
+    n_out: Annotated[int, typer.Option(min=1, max=10**6, help="Remoe: output tokens.")] = 200,
+    remote_platform: Annotated[str | None, typer.Option(
+        help="Remoe: platform of the remote CPU functions (default: --platform).")] = None,
+    main_memory: Annotated[list[int] | None, typer.Option(
+        help="Remoe: main-function memory options, MB (repeat; default: the platform's).")
+    ] = None,
+    remote_memory: Annotated[list[int] | None, typer.Option(
+        help="Remoe: remote-function memory options, MB (repeat; default: up to 5120).")
+    ] = None,
+    timing: Annotated[Path | None, typer.Option(
+        help="Remoe: timing JSON (default: measure this machine's CPU FLOP rate).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Plan memory, replicas and scatter-gather methods for the cheapest billed cost
@@ -182,6 +202,23 @@ def plan_cmd(
     --counts trace.parquet --profile profile.json -o plan.yaml
     """
     if ctx.invoked_subcommand is not None:
+        return
+    from moefleet.cli.plan_remoe import REMOE_POLICIES, make_remoe_plan, remoe_table
+
+    if policy in REMOE_POLICIES:
+        with user_errors():
+            plan = make_remoe_plan(
+                policy=policy, model=model, platform=platform,
+                remote_platform=remote_platform, activation=activation, ttft=ttft,
+                tpot=tpot, n_in=n_in, n_out=n_out, main_memory=main_memory,
+                remote_memory=remote_memory, timing=timing, max_replicas=max_replicas)
+            plan.save(out)
+        if as_json:
+            emit_json({"out": str(out), "policy": plan.policy, "predicted": plan.predicted,
+                       "meta": plan.meta})
+            return
+        out_console(False).print(remoe_table(plan))
+        out_console(False).print(f"wrote {out}")
         return
     with user_errors():
         check_outputs(("--out", out))
@@ -220,6 +257,11 @@ def show_cmd(
         plan = DeploymentPlan.load(path)
     if as_json:
         emit_json(plan.model_dump(mode="json"))
+        return
+    if plan.main is not None:
+        from moefleet.cli.plan_remoe import remoe_table
+
+        out_console(False).print(remoe_table(plan))
         return
     out_console(False).print(plan_table(plan))
 

@@ -77,6 +77,25 @@ class LayerPlan(_Strict):
         return METHOD_CODES[self.method]
 
 
+class MainFunction(_Strict):
+    """Remoe's main function: non-experts (on the GPU when ``gpu_gb`` > 0), the KV cache
+    and every expert no group holds (its local experts), in CPU memory ``memory_mb``."""
+
+    memory_mb: int = Field(gt=0, le=MAX_MEMORY_MB, strict=True,
+                           description="CPU memory of the main function (MB).")
+    gpu_gb: float = Field(0.0, ge=0, le=10**5, allow_inf_nan=False,
+                          description="GPU memory it holds (GB); 0: CPU only.")
+
+
+class ExpertGroup(_Strict):
+    """Several experts of one MoE layer in one function with ``replicas`` instances."""
+
+    layer: int = Field(ge=0)
+    experts: list[Annotated[int, Field(ge=0, strict=True)]] = Field(min_length=1)
+    memory_mb: int = Field(gt=0, le=MAX_MEMORY_MB, strict=True)
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS, strict=True)
+
+
 class DeploymentPlan(_Strict):
     model: str = Field(description="Model the plan was made for (zoo name or path).")
     platform: str = Field(description="Platform spec name.")
@@ -89,6 +108,23 @@ class DeploymentPlan(_Strict):
         default_factory=dict, description="Planner's own estimates (cost_usd, latency_s ...)."
     )
     meta: dict[str, Any] = Field(default_factory=dict)
+    main: MainFunction | None = Field(
+        default=None, description="Remoe: the main function (then segments are empty).")
+    groups: list[ExpertGroup] = Field(
+        default_factory=list, description="Remoe: remote expert functions, one per layer.")
+
+    @model_validator(mode="after")
+    def _groups_fit_layers(self) -> DeploymentPlan:
+        if self.groups and self.main is None:
+            raise ValueError("expert groups need a main function (Remoe plans)")
+        sizes = {lp.layer: len(lp.experts) for lp in self.layers}
+        for g in self.groups:
+            if g.layer not in sizes:
+                raise ValueError(f"group of layer {g.layer}: the plan has no such MoE layer")
+            if max(g.experts) >= sizes[g.layer] or len(set(g.experts)) != len(g.experts):
+                raise ValueError(f"group of layer {g.layer}: expert ids must be distinct "
+                                 f"and below {sizes[g.layer]}, got {g.experts}")
+        return self
 
     @model_validator(mode="after")
     def _finite_predictions(self) -> DeploymentPlan:
@@ -115,11 +151,24 @@ class DeploymentPlan(_Strict):
 
     def placement(self) -> Placement:
         """The plan's functions: one segment per block, one function per expert (names,
-        memory, replicas). Everything that needs a function name reads this."""
+        memory, replicas). Everything that needs a function name reads this. A plan with
+        a ``main`` function has no segments and one function per expert group."""
+        if self.main is not None:
+            return Placement.build(
+                self.segment_memory_mb,
+                ((g.layer, tuple(g.experts), g.memory_mb, g.replicas) for g in self.groups),
+                main_memory_mb=self.main.memory_mb)
         return Placement.build(
             self.segment_memory_mb,
             ((lp.layer, (i,), ec.memory_mb, ec.replicas)
              for lp in self.layers for i, ec in enumerate(lp.experts)))
+
+    def local_experts(self, layer: int) -> list[int]:
+        """Experts of ``layer`` that the main function holds (none without a main)."""
+        if self.main is None:
+            return []
+        held = {e for g in self.groups if g.layer == layer for e in g.experts}
+        return [i for i in range(len(self.layer(layer).experts)) if i not in held]
 
     def function_names(self) -> list[str]:
         return self.placement().names
