@@ -81,16 +81,31 @@ class LocalRunner:
         for r in rows:
             if r.seq_id not in self.cache:
                 self.cache.alloc(r.seq_id)
-        want_all = [b for b, r in enumerate(rows) if r.prompt_logprobs]
-        step = StepInput.from_lists(
-            [r.seq_id for r in rows], [r.token_ids for r in rows], [r.start for r in rows],
-            logits="all" if want_all else "last", all_rows=want_all,
-            device=self.adapter.device)
-        t0 = time.perf_counter()
-        res = self.adapter.forward_step(step, self.cache, self.experts)
-        forward_s = time.perf_counter() - t0
-        sample_rows = [b for b, r in enumerate(rows) if r.sample]
-        logits = res.last_logits_BV[sample_rows] if sample_rows else None
-        prompt = {rows[b].seq_id: t for b, t in enumerate(res.all_logits) if t is not None}
-        return RunnerOutput([rows[b].seq_id for b in sample_rows], logits, prompt,
-                            res.expert_counts, forward_s)
+        # Rows are right-padded to the step's longest, so one prefill chunk in a step of
+        # decodes would pad every decode row to the chunk's length: run single-token rows
+        # and longer rows as two forwards (same cache, same experts).
+        parts = [[b for b, r in enumerate(rows) if len(r.token_ids) == 1],
+                 [b for b, r in enumerate(rows) if len(r.token_ids) > 1]]
+        last: dict[int, torch.Tensor] = {}
+        prompt: dict[int, torch.Tensor] = {}
+        counts: dict[int, torch.Tensor] = {}
+        forward_s = 0.0
+        for part in (p for p in parts if p):
+            sub = [rows[b] for b in part]
+            want_all = [i for i, r in enumerate(sub) if r.prompt_logprobs]
+            step = StepInput.from_lists(
+                [r.seq_id for r in sub], [r.token_ids for r in sub], [r.start for r in sub],
+                logits="all" if want_all else "last", all_rows=want_all,
+                device=self.adapter.device)
+            t0 = time.perf_counter()
+            res = self.adapter.forward_step(step, self.cache, self.experts)
+            forward_s += time.perf_counter() - t0
+            for i, r in enumerate(sub):
+                last[r.seq_id] = res.last_logits_BV[i]
+                if res.all_logits[i] is not None:
+                    prompt[r.seq_id] = res.all_logits[i]  # type: ignore[assignment]
+            for layer, c in res.expert_counts.items():
+                counts[layer] = counts[layer] + c if layer in counts else c
+        sample_ids = [r.seq_id for r in rows if r.sample]
+        logits = torch.stack([last[s] for s in sample_ids]) if sample_ids else None
+        return RunnerOutput(sample_ids, logits, prompt, counts, forward_s)
