@@ -41,16 +41,9 @@ OUT = Path(__file__).resolve().parent / "results"
 
 
 def _layer_model() -> Any:
-    from transformers import MixtralConfig, MixtralForCausalLM
+    from runtime_overhead import _layer_model as layer  # the same measured layer
 
-    from moefleet.models.hf import HFMoEAdapter
-
-    torch.manual_seed(0)
-    cfg = MixtralConfig(hidden_size=256, intermediate_size=1024, num_hidden_layers=1,
-                        num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
-                        num_local_experts=8, num_experts_per_tok=2, tie_word_embeddings=False,
-                        max_position_embeddings=512)
-    return HFMoEAdapter(MixtralForCausalLM(cfg).float().eval(), name="fig11-layer")
+    return layer("fig11-layer")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

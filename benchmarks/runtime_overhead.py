@@ -112,7 +112,9 @@ def transfers(backend: LocalBackend, client: ObjectStore, sizes: list[int], reps
     return rows
 
 
-def _layer_model() -> Any:
+def _layer_model(name: str = "bench-layer") -> Any:
+    """One Mixtral block (hidden 256, 8 experts top-2), seeded: the layer both
+    runtime_overhead.py and odsbo_fig11.py measure."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
     from moefleet.models.hf import HFMoEAdapter
@@ -122,7 +124,7 @@ def _layer_model() -> Any:
                         num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
                         num_local_experts=8, num_experts_per_tok=2, tie_word_embeddings=False,
                         max_position_embeddings=512)
-    return HFMoEAdapter(MixtralForCausalLM(cfg).float().eval(), name="bench-layer")
+    return HFMoEAdapter(MixtralForCausalLM(cfg).float().eval(), name=name)
 
 
 def beta_sweep(spec: PlatformSpec, betas: list[int], tokens: int, reps: int,
