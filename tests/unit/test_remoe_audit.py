@@ -76,4 +76,4 @@ def test_a_gpu_layout_must_fit_on_one_card() -> None:
         plan_policy(big, "gpu")
     loose = plan_policy(big, "gpu", check_slo=False)
     assert "billed as if it fitted" in loose.meta["gpu_over_one_card"]
-    assert plan_policy(big, "mix").estimate.gpu_gb == 1.0  # experts on CPU: fits
+    assert plan_policy(p, "mix").estimate.gpu_gb == 1.0  # experts on CPU: one slice
