@@ -77,3 +77,29 @@ def test_a_gpu_layout_must_fit_on_one_card() -> None:
     loose = plan_policy(big, "gpu", check_slo=False)
     assert "billed as if it fitted" in loose.meta["gpu_over_one_card"]
     assert plan_policy(p, "mix").estimate.gpu_gb == 1.0  # experts on CPU: one slice
+
+
+def test_sensitivity_scales_one_input_and_finds_the_factor() -> None:
+    from moefleet.plan.remoe.sensitivity import INPUTS, factor_needed, ratio_vs_gpu, scale
+
+    p = tiny()
+    q = scale(p, "gpu_time", 2.0)
+    assert (q.nonexpert_token_s, q.gpu_expert_token_s) == (2.0, 0.2)
+    assert q.law == p.law and q.gpu_price_gb_s == p.gpu_price_gb_s
+    q = scale(p, "cpu_expert_time", 0.5)
+    assert q.law(1.0) == pytest.approx(p.law(1.0) / 2) and q.nonexpert_cpu_token_s == 2.0
+    assert scale(p, "cpu_price", 3.0).cpu_price_gb_s == 3.0
+    for name in INPUTS:  # every input changes the problem
+        assert scale(p, name, 2.0) != p
+    with pytest.raises(RemoeError, match="unknown input"):
+        scale(p, "nope", 2.0)
+    # MIX vs GPU: a costlier GPU makes MIX (1 GB of GPU) relatively cheaper than GPU-only
+    # (2 GB of GPU), so the ratio falls as the GPU price factor grows.
+    base = ratio_vs_gpu([p], "mix")
+    got = factor_needed([p], "mix", "gpu_price", base * 0.9, lo=0.1, hi=10.0, points=9)
+    assert got["ratio_at_1"] == pytest.approx(base)
+    assert got["factor"] is not None and got["factor"] > 1.0
+    ratios = [q for _, q in got["grid"]]
+    assert all(a >= b for a, b in zip(ratios, ratios[1:], strict=False))
+    assert factor_needed([p], "mix", "gpu_price", 0.0, lo=0.1, hi=10.0, points=5)[
+        "factor"] is None
