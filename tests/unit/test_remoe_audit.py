@@ -3,6 +3,7 @@ cold starts that load the weights (main and remote overlapped), one GPU card's m
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -100,6 +101,6 @@ def test_sensitivity_scales_one_input_and_finds_the_factor() -> None:
     assert got["ratio_at_1"] == pytest.approx(base)
     assert got["factor"] is not None and got["factor"] > 1.0
     ratios = [q for _, q in got["grid"]]
-    assert all(a >= b for a, b in zip(ratios, ratios[1:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(ratios))
     assert factor_needed([p], "mix", "gpu_price", 0.0, lo=0.1, hi=10.0, points=5)[
         "factor"] is None

@@ -240,13 +240,20 @@ def choose_replicas(p: RemoeProblem, x: np.ndarray, main_mb: int, remote_mb: tup
     L, t_loc = p.num_layers, p.expert_s(p.gb(main_mb)) * p.prefill_factor
     y = [p.gb(m) for m in remote_mb]
     z = [0] * L
+    memo: dict[tuple[int, int], tuple[tuple[int, ...], ...]] = {}
+
+    def grp_of(li: int, zl: int) -> tuple[tuple[int, ...], ...]:
+        if (li, zl) not in memo:  # LPT is the planner's inner loop: once per (layer, z)
+            memo[li, zl] = _groups(p, li, x[li], zl)
+        return memo[li, zl]
+
     for li in range(L):
         if not x[li].any():
             continue
         z[li] = 1
         sizes = p.prefill_tokens_LE[li] * p.token_bytes
         while True:
-            grp = _groups(p, li, x[li], z[li])
+            grp = grp_of(li, z[li])
             if max(sum(sizes[k] for k in g) for g in grp) <= p.payload_bytes:
                 break
             if z[li] >= min(p.max_replicas, int(x[li].sum())):
@@ -257,7 +264,7 @@ def choose_replicas(p: RemoeProblem, x: np.ndarray, main_mb: int, remote_mb: tup
             z[li] += 1
 
     def layer_cost(li: int, zl: int) -> tuple[float, float]:
-        t, zt = prefill_layer(p, li, x[li], t_loc, y[li], _groups(p, li, x[li], zl))
+        t, zt = prefill_layer(p, li, x[li], t_loc, y[li], grp_of(li, zl))
         return t, rate_main * t + p.cpu_rate(y[li]) * sum(zt)
 
     def potential(li: int) -> float:
@@ -271,8 +278,8 @@ def choose_replicas(p: RemoeProblem, x: np.ndarray, main_mb: int, remote_mb: tup
                 if (~x[li]).any() else 0.0 for li in range(L)]
 
     def ttft_wc() -> float:
-        biggest = max((len(g) for li in range(L) if z[li]
-                       for g in _groups(p, li, x[li], z[li])), default=0)
+        biggest = max((len(g) for li in range(L) if z[li] for g in grp_of(li, z[li])),
+                      default=0) if p.load_bytes_s > 0 else 0
         cold = p.cold_s(float(np.sum(~x)), biggest)
         return cold + sum(fixed + max(n_loc_up[li] * t_loc,
                                       theorem4_bound(p, li, x[li], y[li], z[li])
