@@ -216,12 +216,14 @@ def fig11(ctx: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     cold: dict[str, list[float]] = {k: [] for k in KINDS}
     sim_ttft: dict[str, list[float]] = {k: [] for k in KINDS}
     solve: dict[str, list[float]] = {k: [] for k in KINDS}
+    cpu: dict[str, list[float]] = {k: [] for k in KINDS}  # robust to a loaded machine
     for q, req in enumerate(ctx["reqs"]):
         p = problem(ctx, args, to_deepseek(ctx["dist_RLE"][q]), req.num_tokens, load=True)
         for kind in KINDS:
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.process_time()
             res = plan_policy(p, kind, check_slo=False)
             solve[kind].append(time.perf_counter() - t1)
+            cpu[kind].append(time.process_time() - c1)
             cold[kind].append(res.estimate.cold_s)
             if q < min(args.sim_requests, 5):
                 sim_ttft[kind].append(simulate(ctx, p, res, ctx["real_s"][q], q).ttft_s[0])
@@ -235,6 +237,8 @@ def fig11(ctx: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "simulated_ttft_s_median": {k: statistics.median(v) for k, v in sim_ttft.items()},
         "planning_s_median": {k: statistics.median(v) for k, v in solve.items()},
         "planning_s_max": {k: max(v) for k, v in solve.items()},
+        "planning_cpu_s_median": {k: statistics.median(v) for k, v in cpu.items()},
+        "planning_cpu_s_max": {k: max(v) for k, v in cpu.items()},
         "sps_predict_s_median": statistics.median(ctx["predict_s"]),
     }
 
@@ -377,10 +381,10 @@ def plot(e: dict[str, Any], stem: Path) -> None:
         a.bar(KINDS, [f11["cold_start_s_median"][k] for k in KINDS])
         a.set_ylabel("cold start, s (median)")
         a.set_title("weights loaded at the object store's rate", fontsize=9)
-        b.bar(KINDS, [f11["planning_s_median"][k] * 1e3 for k in KINDS])
+        b.bar(KINDS, [f11["planning_cpu_s_median"][k] * 1e3 for k in KINDS])
         b.axhline(f11["sps_predict_s_median"] * 1e3, color="k", ls="--", lw=1,
                   label="SPS prediction")
-        b.set_ylabel("planning time, ms (median)")
+        b.set_ylabel("planning CPU time, ms (median)")
         b.set_yscale("log")
         b.legend(fontsize=8)
         for ax in (a, b):
