@@ -42,8 +42,10 @@ models' entries kept) and remoe_cost_fig9.png / _fig10.png / _fig11.png.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -53,7 +55,7 @@ import numpy as np
 from moefleet.io import write_json_atomic
 from moefleet.plan.remoe import plan_policy, theorem1_bound
 from moefleet.plan.remoe.sensitivity import INPUTS, factor_needed
-from moefleet.plan.remoe.shapes import measure_cpu, model_dims, problem_for
+from moefleet.plan.remoe.shapes import Timing, measure_cpu, model_dims, problem_for
 from moefleet.platform import load_platform
 from moefleet.sim.remoe import RemoeSimulator
 
@@ -125,8 +127,18 @@ def setup(args: argparse.Namespace) -> dict[str, Any]:
     return {"texts": texts, "ids": ids, "reqs": reqs, "tokens_R": tokens_R,
             "real_RLE": real_RLE, "real_s": real, "te_trace": te_trace,
             "dist_RLE": sps.predict_distribution(reqs), "predict_s": predict_s,
-            "trace_s": trace_s, "dims": dims, "timing": measure_cpu(dims),
+            "trace_s": trace_s, "dims": dims, "timing": timing(args, dims),
             "spec": load_platform(args.platform)}
+
+
+def timing(args: argparse.Namespace, dims: Any) -> Timing:
+    """Measured here, or read back from ``--timing`` (a run's remoe_timing.json, also
+    what ``moefleet plan --timing`` reads); the measured one is saved next to results."""
+    if args.timing:
+        return Timing(**json.loads(Path(args.timing).read_text()))
+    t = measure_cpu(dims)
+    write_json_atomic(RESULTS / "remoe_timing.json", t.to_dict())
+    return t
 
 
 def problem(ctx: dict[str, Any], args: argparse.Namespace, s_LE: np.ndarray, n_in: int,
@@ -290,6 +302,7 @@ def main() -> None:
     ap.add_argument("--ttft", type=float, default=30.0)
     ap.add_argument("--tpot", type=float, default=1.0)
     ap.add_argument("--train-tokens", type=int, default=40000)
+    ap.add_argument("--timing", default="", help="reuse a remoe_timing.json")
     ap.add_argument("--out", default=str(RESULTS / "remoe_cost.json"))
     args = ap.parse_args()
     if not (1 <= args.requests <= 500 and 0 <= args.sim_requests <= 500
@@ -300,8 +313,6 @@ def main() -> None:
     path = Path(args.out)
     old: dict[str, Any] = {}
     if path.exists():
-        import json
-
         old = json.loads(path.read_text())
     models = old.get("models", {}) if isinstance(old.get("models"), dict) else {}
     entry: dict[str, Any] = dict(models.get(SHAPE, {}))
@@ -328,71 +339,13 @@ def main() -> None:
         print(f"fig{fig}:", {k: v for k, v in entry.items() if k in ("ratio_vs_gpu",)}
               if fig == "9" else "done", flush=True)
     models[SHAPE] = entry
+    entry["command"] = " ".join(["OMP_NUM_THREADS=1 python benchmarks/remoe_cost.py",
+                                 *sys.argv[1:]])
     write_json_atomic(path, {"command": "OMP_NUM_THREADS=1 python benchmarks/remoe_cost.py"
                              " [--figure 9|10|11]", "models": models})
-    plot(entry, path.with_suffix(""))
+    from remoe_plots import plot  # benchmarks/ is on sys.path when run as a script
 
-
-def plot(e: dict[str, Any], stem: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if "fig9" in e:
-        f9 = e["fig9"]
-        fig, ax = plt.subplots(figsize=(7, 4))
-        xs = np.arange(len(KINDS))
-        ax.bar(xs - 0.2, [f9["ratio_vs_gpu"][k] for k in KINDS], 0.4, label="analytical")
-        ax.bar(xs + 0.2, [f9["simulator"]["ratio_vs_gpu"][k] for k in KINDS], 0.4,
-               label="simulator (real routing)")
-        ax.axhline(BAR, color="k", ls="--", lw=1, label=f"bar {BAR}x")
-        ax.set_xticks(xs, KINDS)
-        ax.set_yscale("log")
-        ax.set_ylabel("cost / GPU-only cost")
-        ax.set_title(f"Fig. 9(b) analogue: {f9['requests']} requests, DeepSeek-V2-Lite "
-                     "shape (GPU emulated)", fontsize=9)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(f"{stem}_fig9.png", dpi=110)
-        plt.close(fig)
-    if "fig10_cost_vs_prefill_decode_ratio" in e:
-        f10 = e["fig10_cost_vs_prefill_decode_ratio"]
-        fig, ax = plt.subplots(figsize=(7, 4))
-        ratios = list(f10["analytical"])
-        for i, k in enumerate(KINDS):
-            c = f"C{i}"
-            ax.plot([float(r) for r in ratios], [f10["analytical"][r][k] for r in ratios],
-                    "o-", color=c, label=k)
-            ax.plot([float(r) for r in ratios], [f10["simulator"][r][k] for r in ratios],
-                    "x:", color=c)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("prefill / decode tokens (400 per request)")
-        ax.set_ylabel("USD per request (o analytical, x simulator)")
-        ax.set_title("Fig. 10 analogue (GPU emulated)", fontsize=9)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(f"{stem}_fig10.png", dpi=110)
-        plt.close(fig)
-    if "fig11" in e:
-        f11 = e["fig11"]
-        fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-        a.bar(KINDS, [f11["cold_start_s_median"][k] for k in KINDS])
-        a.set_ylabel("cold start, s (median)")
-        a.set_title("weights loaded at the object store's rate", fontsize=9)
-        b.bar(KINDS, [f11["planning_cpu_s_median"][k] * 1e3 for k in KINDS])
-        b.axhline(f11["sps_predict_s_median"] * 1e3, color="k", ls="--", lw=1,
-                  label="SPS prediction")
-        b.set_ylabel("planning CPU time, ms (median)")
-        b.set_yscale("log")
-        b.legend(fontsize=8)
-        for ax in (a, b):
-            ax.tick_params(axis="x", labelsize=8)
-        fig.suptitle("Fig. 11 analogue", fontsize=10)
-        fig.tight_layout()
-        fig.savefig(f"{stem}_fig11.png", dpi=110)
-        plt.close(fig)
+    plot(entry, path.with_suffix(""), KINDS, BAR)
 
 
 if __name__ == "__main__":
