@@ -148,6 +148,7 @@ def test_policy_gradient_reaches_every_actor_parameter(spec: ActorSpec) -> None:
     dag = _dag(blocks=2, experts=3)
     agent = SmoeAgent(dag, SPACE, spec, seed=1)
     x = torch.randn(4, dag.num_nodes, NUM_FEATURES)
+    x[:, :, 3:6] = SPACE.vectors()[5, :3]  # a current config, so the stay prior acts
     valid = torch.ones(4, dag.num_nodes, SPACE.size, dtype=torch.bool)
     valid[:, :, 0] = False
     agent.actor.zero_grad()
@@ -241,3 +242,17 @@ def test_slo_term_charges_every_group() -> None:
     assert torch.allclose(every - ok, torch.full_like(every, -2.0))  # 2 x (0.2-0.4)/0.2
     assert torch.allclose((last - ok)[:-1], torch.zeros(len(dag.groups) - 1))
     assert (last - ok)[-1].item() == pytest.approx(-2.0)
+
+
+@pytest.mark.parametrize("spec", [ActorSpec(hidden=8), ActorSpec(hidden=8, flat=True)])
+def test_untrained_actor_keeps_the_current_configs(spec: ActorSpec) -> None:
+    dag = _dag(blocks=2, experts=2)
+    agent = SmoeAgent(dag, SPACE, spec, seed=3)
+    x, _ = node_features(dag, _snapshot(dag, {"exp-0-0": 40}), 0.2,
+                         (SPACE.memory_mb, SPACE.replicas, SPACE.concurrency))
+    valid = torch.ones(dag.num_nodes, SPACE.size, dtype=torch.bool)
+    act = agent.act(x, valid, explore=False)
+    here = SPACE.index_of(FunctionConfig(1024, 1, 1))
+    assert act.tolist() == [here] * dag.num_nodes
+    bare = SmoeAgent(dag, SPACE, dataclasses.replace(spec, stay_prior=0.0), seed=3)
+    assert bare.act(x, valid, explore=False).tolist() != [here] * dag.num_nodes

@@ -89,6 +89,7 @@ class Transition:
     x2_NF: torch.Tensor
     valid2_NC: torch.Tensor
     demo: bool = False  # the action came from a demonstrating controller
+    slo_ok: bool = True  # the interval it ran in met the SLO (only those are imitated)
 
 
 def group_rewards(dag: PipelineDAG, snap: MetricsSnapshot, slo_s: float,
@@ -222,7 +223,9 @@ class SmoeAgent:
         nn.utils.clip_grad_norm_(self.critic.parameters(), 5.0)
         self.opt_c.step()
         loss_a = self.actor_loss(x, valid)
-        demo_B = torch.tensor([t.demo for t in batch])
+        # Imitate only demonstrated decisions that kept the SLO: HPA and ElasticMoE
+        # break it on bursts, and copying those would teach the breakage.
+        demo_B = torch.tensor([t.demo and t.slo_ok for t in batch])
         bc_w = cfg.bc_weight * max(0.0, 1.0 - self.updates / max(cfg.bc_updates, 1))
         if bc_w > 0 and bool(demo_B.any()):
             # Warm start from logged experience: cross-entropy toward the demonstrated
@@ -309,7 +312,8 @@ class SmoeController(AutoscalePolicy):
             r_G = group_rewards(ag.dag, snapshot, self.slo_s, self.price_per_s, ag.cfg)
             self.log.rewards.append(float(r_G.sum()))
             ag.remember(Transition(prev.x_NF, prev.valid_NC, prev.action_N, r_G, x_NF,
-                                   valid_NC, prev.demo))
+                                   valid_NC, prev.demo,
+                                   slo_term(snapshot, self.slo_s, 1.0) == 0.0))
             for _ in range(ag.cfg.updates_per_step):
                 out = ag.update()
                 if out:
