@@ -8,7 +8,6 @@ simulator.
 from __future__ import annotations
 
 import dataclasses
-
 from pathlib import Path
 from typing import Annotated, Any
 
