@@ -81,6 +81,7 @@ def test_train_resume_and_eval(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "needle"), [
     (["train", "--out", "x.pt", "--interval", "0"], "interval"),
     (["train", "--out", "x.pt", "--variant", "nope"], "unknown sMoE variant"),
+    (["train", "--out", "x.pt", "--stay-prior", "-1"], "--stay-prior"),
     (["eval", "-c", "missing.pt"], "no sMoE checkpoint"),
 ])
 def test_bad_input_is_one_line_error(args: list[str], needle: str) -> None:
