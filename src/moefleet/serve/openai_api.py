@@ -94,8 +94,13 @@ class _Logprobs:
     def add_prompt(self, d: Delta) -> None:
         strs = d.prompt_token_strs or []
         lps = d.out.prompt_logprobs or [None] * len(strs)
-        for s, lp in zip(strs, lps, strict=False):
-            self._add(s, lp, None if lp is None else {s: lp})
+        tops = d.prompt_top_strs or [None] * len(strs)
+        for s, lp, alt in zip(strs, lps, tops, strict=False):
+            top = None
+            if lp is not None:  # the n alternatives and the prompt token itself
+                top = dict(alt or {})
+                top.setdefault(s, lp)
+            self._add(s, lp, top)
 
     def add(self, d: Delta) -> None:
         for i, s in enumerate(d.token_strs):

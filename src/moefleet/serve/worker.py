@@ -36,7 +36,20 @@ class Delta:
     token_strs: list[str] = field(default_factory=list)
     top_strs: list[dict[str, float]] = field(default_factory=list)
     prompt_token_strs: list[str] | None = None
+    prompt_top_strs: list[dict[str, float] | None] | None = None
     cost: RequestCost | None = None
+
+
+def top_strs(tok: Any, top: dict[int, float]) -> dict[str, float]:
+    """Token id -> log-probability, keyed by decoded text instead. Two ids can decode to
+    the same text (partial UTF-8 bytes); the larger log-probability is kept, so the dict's
+    maximum stays the distribution's maximum (what greedy checks compare against)."""
+    out: dict[str, float] = {}
+    for k, v in top.items():
+        s = tok.decode([k])
+        if s not in out or v > out[s]:
+            out[s] = v
+    return out
 
 
 @dataclass
@@ -176,10 +189,12 @@ class EngineWorker(threading.Thread):
         tok = self.engine.tokenizer
         if sink.token_strs and tok is not None:
             d.token_strs = [tok.decode([t]) for t in o.new_token_ids]
-            d.top_strs = [{tok.decode([k]): v for k, v in lp.top.items()}
-                          for lp in (o.logprobs or [])]
+            d.top_strs = [top_strs(tok, lp.top) for lp in (o.logprobs or [])]
         if sink.prompt_strs and o.prompt_token_ids is not None and tok is not None:
             d.prompt_token_strs = [tok.decode([t]) for t in o.prompt_token_ids]
+            if o.prompt_top_logprobs is not None:
+                d.prompt_top_strs = [None if t is None else top_strs(tok, t)
+                                     for t in o.prompt_top_logprobs]
         if o.finished:
             del self._sinks[o.request_id]
             d.cost = self.pricer.price(self._busy_s.pop(o.request_id, 0.0))
