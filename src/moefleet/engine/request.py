@@ -157,9 +157,10 @@ class TokenLogprob:
 class RequestOutput:
     """A streamed delta: the tokens and text a request produced since its last output.
     ``prompt_logprobs`` arrives once, with the first delta (None for the first prompt
-    token, which nothing predicts), with ``prompt_top_logprobs`` (token id -> log-probability
-    of the ``logprobs`` most likely tokens at each prompt position). ``times`` is the request's live clock record
-    (complete, with ``finished``, on the final delta)."""
+    token, which nothing predicts), with ``prompt_top_logprobs`` (token id ->
+    log-probability of the ``logprobs`` most likely tokens at each prompt position).
+    ``times`` is the request's live clock record (complete, with ``finished``, on the
+    final delta)."""
 
     request_id: str
     new_token_ids: list[int]
