@@ -74,6 +74,8 @@ def _usage(sub: Submitted, completion_tokens: int, costs: list[Any], n: int) -> 
         for k, v in c.to_dict().items():
             if isinstance(v, float) and k in billed:
                 billed[k] += v
+            elif k == "invocations":  # records attributed to the request (with --plan)
+                billed[k] = billed.get(k, 0) + int(v)
             elif isinstance(v, str):
                 billed[k] = v
     return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
