@@ -78,8 +78,7 @@ def deployed_engine(plan: DeploymentPlan, adapter: MoEModelAdapter, *, store: Ob
                             "function platform", "plan for a FaaS platform, e.g. aws-lambda")
     with open_deployment(plan, platform=spec, store=store, adapter=adapter, backend=backend,
                          backend_options=backend_options) as session:
-        rx = RemoteExperts(session.deployment, session.backend, store,
-                           max_parallel=max_parallel)
+        rx = session.remote_experts(max_parallel=max_parallel)
         try:
             engine = build_engine(adapter, device=device, max_num_seqs=max_num_seqs,
                                   experts=rx)
