@@ -115,12 +115,14 @@ def test_served_deployment_matches_in_process_and_bills_its_invocations(
         "in-process-estimate")
     assert usage["usd"] > 0 and usage["compute"] > 0 and usage["requests"] > 0
     assert usage["storage"] > 0  # layer 1 passes its tokens through the store
+    assert isinstance(usage["invocations"], int) and usage["invocations"] > 0
 
     # the request's cost is the sum of its attributed records, re-priced independently
     assert audit is not None
     meter = Meter(d.biller.spec)
     rids = [f"{got['id']}-{i}-0" for i in range(len(PROMPTS))]
     assert all(audit[r] for r in rids)
+    assert usage["invocations"] == sum(len(audit[r]) for r in rids)
     mine = sum(meter.cost_of(rec).total * share for r in rids for rec, share in audit[r])
     mine += sum(audit_storage[r] for r in rids)
     assert usage["usd"] == pytest.approx(mine, rel=1e-9)

@@ -51,13 +51,13 @@ class RequestCost:
     def total(self) -> float:
         return self.compute + self.request + self.storage
 
-    def to_dict(self) -> dict[str, float | str]:
-        d: dict[str, float | str] = {
+    def to_dict(self) -> dict[str, float | int | str]:
+        d: dict[str, float | int | str] = {
             "usd": self.total, "compute": self.compute, "requests": self.request,
             "storage": self.storage, "billed_seconds": self.billed_s,
             "platform": self.platform, "basis": self.basis}
         if self.basis == BASIS_INVOCATIONS:
-            d["invocations"] = float(self.invocations)
+            d["invocations"] = self.invocations
         return d
 
 

@@ -72,10 +72,10 @@ def _usage(sub: Submitted, completion_tokens: int, costs: list[Any], n: int) -> 
     billed: dict[str, Any] = {"usd": 0.0, "compute": 0.0, "requests": 0.0, "storage": 0.0}
     for c in costs:
         for k, v in c.to_dict().items():
-            if isinstance(v, float) and k in billed:
+            if k == "invocations":  # records attributed to each choice (with --plan)
+                billed[k] = int(billed.get(k, 0)) + int(v)
+            elif isinstance(v, float) and k in billed:
                 billed[k] += v
-            elif k == "invocations":  # records attributed to the request (with --plan)
-                billed[k] = billed.get(k, 0) + int(v)
             elif isinstance(v, str):
                 billed[k] = v
     return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
