@@ -148,3 +148,55 @@ def test_serve_refuses_a_plan_for_another_model(model_dir: Path, tmp_path: Path)
                                  "--port", "0"])
     assert r.exit_code != 0
     assert "the plan is for model 'tiny-moe-lm-e32'" in r.output
+
+
+def test_serve_plan_subprocess_deploys_serves_and_tears_down(model_dir: Path,
+                                                             tmp_path: Path) -> None:
+    """What a user runs: ``moefleet serve --plan`` in its own process, stopped by SIGTERM."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.serve.conftest import free_port
+
+    plan = _plan(tmp_path / "plan.yaml", str(model_dir))
+    store, port = tmp_path / "store", free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[2] / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moefleet", "serve", "--model", str(model_dir), "--plan",
+         str(plan), "--backend", "local", "--workers", "1", "--store", str(store),
+         "--port", str(port), "--served-name", MODEL],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"serve exited: {proc.communicate()[1].decode()[-2000:]}")
+            try:
+                if requests.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("serve --plan did not come up")
+            time.sleep(0.3)
+        assert [p for p in store.rglob("*") if p.is_file()]  # weights uploaded
+        r = requests.post(url + "/v1/completions", json={
+            "model": MODEL, "prompt": "A river ran", "max_tokens": 2, "temperature": 0},
+            timeout=120)
+        assert r.status_code == 200, r.text
+        billed = r.json()["usage"]["billed_cost"]
+        assert billed["basis"] == "invocations" and billed["usd"] > 0
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            _, err = proc.communicate(timeout=10)
+    assert "deployment torn down" in err.decode()
+    assert not [p for p in store.rglob("*") if p.is_file()]  # its weights are gone
