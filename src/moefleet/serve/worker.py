@@ -163,9 +163,10 @@ class EngineWorker(threading.Thread):
 
     def _step(self) -> None:
         eng = self.engine
+        prev = eng.stats.steps[-1] if eng.stats.steps else None
         outs = eng.step()
         st = eng.stats.steps[-1] if eng.stats.steps else None
-        if st is not None:
+        if st is not None and st is not prev:  # an empty schedule records no step
             served = {o.request_id for o in outs} | {s.request_id
                                                      for s in eng.scheduler.running}
             # before delivery: a request finishing now is billed this step's invocations
