@@ -157,7 +157,8 @@ class RequestOutput:
     """A streamed delta: the tokens and text a request produced since its last output.
     ``prompt_logprobs`` arrives once, with the first delta (None for the first prompt
     token, which nothing predicts). ``times`` is the request's live clock record
-    (complete, with ``finished``, on the final delta)."""
+    (complete, with ``finished``, on the final delta). A request the engine could not
+    finish ends with ``finish_reason="error"`` and ``error`` saying why."""
 
     request_id: str
     new_token_ids: list[int]
@@ -170,3 +171,4 @@ class RequestOutput:
     times: RequestTimes | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    error: str | None = None

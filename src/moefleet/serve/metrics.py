@@ -39,6 +39,8 @@ SLO_VIOLATIONS = PREFIX + "slo_violations_total"
 REQUEST_SUCCESS = PREFIX + "request_success_total"
 REQUESTS_ABORTED = PREFIX + "num_requests_aborted_total"
 REQUESTS_REJECTED = PREFIX + "num_requests_rejected_total"
+REQUESTS_FAILED = PREFIX + "num_requests_failed_total"
+EXPERT_RETRIES = PREFIX + "expert_call_retries_total"
 CONTROLLER_SETTING = PREFIX + "controller_setting"
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
@@ -85,6 +87,10 @@ class ServeMetrics:
                                registry=r)
         self.rejected = Counter(REQUESTS_REJECTED, "Requests shed with 503 (queue full).", m,
                                 registry=r)
+        self.failed = Counter(REQUESTS_FAILED, "Requests ended by a failed model step "
+                              "(an expert call that failed for good).", m, registry=r)
+        self.expert_retries = Counter(EXPERT_RETRIES, "Expert calls retried after a "
+                                      "transient failure.", m, registry=r)
         self.controller = Gauge(CONTROLLER_SETTING, "Controller settings of this server.",
                                 [*m, "setting"], registry=r)
         # Every series present at 0 from the start, so rate() and tests see it move.
@@ -92,7 +98,7 @@ class ServeMetrics:
             self.slo_violations.labels(model_name, phase)
         for metric in (self.running, self.waiting, self.kv_usage, self.prompt_tokens,
                        self.generation_tokens, self.model_tokens, self.preemptions,
-                       self.aborted, self.rejected):
+                       self.aborted, self.rejected, self.failed, self.expert_retries):
             metric.labels(model_name)
 
     def render(self) -> bytes:

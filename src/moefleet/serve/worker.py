@@ -5,7 +5,11 @@ its tokenizer. HTTP handlers hand it work as closures (:meth:`EngineWorker.call`
 receive every streamed delta on a per-request ``asyncio.Queue``, filled with
 ``loop.call_soon_threadsafe``. Invariants: a request registered with a sink gets exactly
 one finished delta or one :class:`WorkerDied` item; an aborted request gets nothing more
-and its cache is freed at once.
+and its cache is freed at once. A request whose model step failed gets a finished delta
+with ``finish_reason="error"`` (the handlers turn it into an error response) while the
+engine keeps serving the rest. :attr:`EngineWorker.stalled_s` is how long the step now
+running has run once it is past ``step_timeout_s`` (the watchdog ``/health`` and the
+handlers read; an in-process step cannot be interrupted).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -57,7 +62,8 @@ class EngineWorker(threading.Thread):
     """Drives one engine: runs closures between steps, steps while work is pending."""
 
     def __init__(self, engine: Engine, metrics: ServeMetrics, pricer: InProcessPricer, *,
-                 slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> None:
+                 slo_ttft_s: float | None = None, slo_tpot_s: float | None = None,
+                 step_timeout_s: float | None = None) -> None:
         super().__init__(name="moefleet-engine", daemon=True)
         self.engine = engine
         self.metrics = metrics
@@ -69,16 +75,28 @@ class EngineWorker(threading.Thread):
         self._busy_s: dict[str, float] = {}
         self._expert_seen: dict[int, list[int]] = {}
         self._preemptions = 0
+        self._retries = 0
         self.error: str | None = None
         self.pending = 0  # closures submitted and not yet run (read by the event loop)
         self._pending_lock = threading.Lock()
         self.num_waiting = 0  # engine's waiting queue, published after every step
         self._stopping = False
         self._lbl = metrics.model_name
+        self.step_timeout_s = step_timeout_s
+        self._step_started: float | None = None  # monotonic start of the running step
 
     @property
     def alive(self) -> bool:
         return self.error is None and self.is_alive()
+
+    @property
+    def stalled_s(self) -> float | None:
+        """Seconds the running step has taken, once past ``step_timeout_s``; else None."""
+        started, limit = self._step_started, self.step_timeout_s
+        if started is None or limit is None:
+            return None
+        took = time.monotonic() - started
+        return took if took > limit else None
 
     # -- called from other threads -----------------------------------------------------
     def call(self, fn: Callable[[Engine], Any]) -> asyncio.Future[Any]:
@@ -143,6 +161,8 @@ class EngineWorker(threading.Thread):
     def _run_cmd(self, fn: Callable[[Engine], Any], fut: Future[Any]) -> None:
         with self._pending_lock:  # += runs on the event loop's thread, -= on this one
             self.pending -= 1
+        if not fut.set_running_or_notify_cancel():
+            return  # its caller gave up waiting (a stalled step): do not act behind it
         try:
             fut.set_result(fn(self.engine))
         except Exception as err:
@@ -151,8 +171,16 @@ class EngineWorker(threading.Thread):
 
     def _step(self) -> None:
         eng = self.engine
-        outs = eng.step()
-        st = eng.stats.steps[-1] if eng.stats.steps else None
+        before = (len(eng.stats.steps), eng.stats.failed_steps)
+        self._step_started = time.monotonic()
+        try:
+            outs = eng.step()
+        finally:
+            self._step_started = None
+        # a failed step records no StepStats: only a step that ran shares its time
+        ran = (len(eng.stats.steps), eng.stats.failed_steps) != before and \
+            eng.stats.failed_steps == before[1]
+        st = eng.stats.steps[-1] if ran and eng.stats.steps else None
         if st is not None:
             served = {o.request_id for o in outs} | {s.request_id
                                                      for s in eng.scheduler.running}
@@ -180,7 +208,13 @@ class EngineWorker(threading.Thread):
                           for lp in (o.logprobs or [])]
         if sink.prompt_strs and o.prompt_token_ids is not None and tok is not None:
             d.prompt_token_strs = [tok.decode([t]) for t in o.prompt_token_ids]
-        if o.finished:
+        if o.finished and o.finish_reason == "error":
+            # billed like any other request: its steps ran (a failed Lambda bills too)
+            del self._sinks[o.request_id]
+            cost = self.pricer.price(self._busy_s.pop(o.request_id, 0.0))
+            self._bill(cost)
+            m.failed.labels(lbl).inc()
+        elif o.finished:
             del self._sinks[o.request_id]
             d.cost = self.pricer.price(self._busy_s.pop(o.request_id, 0.0))
             self._finished(o, d.cost)
@@ -189,9 +223,7 @@ class EngineWorker(threading.Thread):
     def _finished(self, o: RequestOutput, cost: RequestCost) -> None:
         m, lbl = self.metrics, self._lbl
         m.success.labels(lbl, o.finish_reason or "stop").inc()
-        for part, usd in (("compute", cost.compute), ("requests", cost.request),
-                          ("storage", cost.storage)):
-            m.billed_cost.labels(lbl, FUNCTION_MAIN, part, cost.basis).inc(usd)
+        self._bill(cost)
         t = o.times
         if t is None:
             return
@@ -210,6 +242,11 @@ class EngineWorker(threading.Thread):
         if t.queue_s is not None:
             m.queue.labels(lbl).observe(t.queue_s)
 
+    def _bill(self, cost: RequestCost) -> None:
+        for part, usd in (("compute", cost.compute), ("requests", cost.request),
+                          ("storage", cost.storage)):
+            self.metrics.billed_cost.labels(self._lbl, FUNCTION_MAIN, part, cost.basis).inc(usd)
+
     def _update_experts(self) -> None:
         for layer, counts in self.engine.stats.expert_tokens.items():
             now = [int(c) for c in counts.tolist()]
@@ -225,6 +262,10 @@ class EngineWorker(threading.Thread):
         m.running.labels(lbl).set(eng.num_running)
         m.waiting.labels(lbl).set(eng.num_waiting)
         m.kv_usage.labels(lbl).set(eng.scheduler.cache_usage)
+        retries = int(getattr(getattr(eng.runner, "experts", None), "retries", 0))
+        if retries > self._retries:
+            m.expert_retries.labels(lbl).inc(retries - self._retries)
+            self._retries = retries
         pre = eng.scheduler.num_preemptions
         if pre > self._preemptions:
             m.preemptions.labels(lbl).inc(pre - self._preemptions)
@@ -240,7 +281,7 @@ class EngineWorker(threading.Thread):
                 item = self._cmds.get_nowait()
             except queue.Empty:
                 break
-            if item is not None:
+            if item is not None and item[1].set_running_or_notify_cancel():
                 item[1].set_exception(RuntimeError(self.error or "engine died"))
 
 
