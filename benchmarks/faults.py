@@ -14,6 +14,9 @@ Writes benchmarks/results/faults.json: per run accepted, completed, failed, ``lo
 ``emulated`` are injected at the harness, not by the platform (see faults.py).
 ``--backends local,aws`` adds the aws backend on a moto server (127.0.0.1; invocations run
 the uploaded zip in forked processes, S3 traffic goes to moto). Ray is not measured yet.
+``--targets engine,http`` runs the generation engine and a real ``moefleet serve`` under
+faults injected at the expert seam instead (see benchmarks/faults_serving.py); combine
+with ``--backends`` to run both, or ``--append`` to keep earlier runs.
 """
 
 from __future__ import annotations
@@ -78,13 +81,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rates", default="0.01,0.05,0.2")
     ap.add_argument("--kinds", default=",".join(FAULT_KINDS))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--backends", default="local",
+    ap.add_argument("--targets", default="",
+                    help="engine and/or http: faults under the generation engine and the "
+                    "HTTP server (no backend runs unless --backends is given too)")
+    ap.add_argument("--backends", default=None,
                     help="local and/or aws (aws-on-moto: a moto server on 127.0.0.1, "
                     "the in-process invoker; needs the aws and dev extras)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--append", action="store_true",
                     help="keep --out's runs of the other backends (one backend per call)")
     args = ap.parse_args(argv)
+    targets = [t for t in args.targets.split(",") if t]
+    if any(t not in ("engine", "http") for t in targets):
+        raise SystemExit(f"--targets takes engine and/or http, got {args.targets!r}")
+    if args.backends is None:
+        args.backends = "" if targets else "local"
+    backends = [b for b in args.backends.split(",") if b]
     rates = [float(r) for r in args.rates.split(",")]
     kinds = args.kinds.split(",")
     spec = load_platform("aws-lambda")
@@ -95,7 +107,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     work = batches(args.requests)
     runs: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    for backend_name in args.backends.split(","):
+    from faults_serving import engine_runs, http_runs  # this script's directory
+
+    if "engine" in targets:
+        runs += engine_runs(adapter, args.requests, rates, args.seed)
+    if "http" in targets:
+        runs += http_runs(args.requests, rates, args.seed)
+    for backend_name in backends:
         with tempfile.TemporaryDirectory(prefix="moefleet-faults-") as tmp:
             backend, store = make_backend(backend_name, spec, tmp)
             try:
@@ -130,13 +148,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 backend.teardown()
     report = {
         "command": "python benchmarks/faults.py " + " ".join(argv or sys.argv[1:]),
-        "backends": args.backends.split(","),
+        "backends": backends + targets,
         "model": "tiny-mixtral (random weights, 3 MoE layers, 8 experts)",
         "method": "storage", "requests_per_run": args.requests, "rates": rates,
         "total_lost": sum(r["lost"] for r in runs), "wall_s": time.perf_counter() - t0,
         "machine": {"cpus": os.cpu_count(), "platform": pyplatform.platform()},
-        "not_measured": ["ray backend", "crash on aws (no worker pool to kill)",
-                         "generation engine", "HTTP server"],
+        "not_measured": ["ray backend", "crash on aws (no worker pool to kill)"],
         "runs": runs,
     }
     if args.append and args.out.is_file():

@@ -96,8 +96,10 @@ def test_errors_past_the_retries_fail_requests_and_the_harness_loses_none() -> N
 
 def test_fault_spec_parsing_names_the_bad_value() -> None:
     assert parse_fault("crash:0.05:3") == FaultPlan("crash", 0.05, seed=3)
+    assert parse_fault("stall:0.01:1:5").stall_s == 5.0
     for bad in ("crash", "boom:0.1", "crash:x", "crash:1.5", "crash:nan", "crash:0.1:y",
-                "store-503:0.1"):
+                "store-503:0.1", "stall:0.1:1:1e9", "stall:0.1:1:x:2"):
         with pytest.raises(MoefleetError) as info:
             parse_fault(bad)
-        assert bad in str(info.value) or f"'{bad.split(':')[1]}'" in str(info.value)
+        msg = str(info.value)
+        assert bad in msg or f"'{bad.split(':')[1]}'" in msg or "'1e9'" in msg

@@ -16,11 +16,11 @@ import torch
 
 pytest.importorskip("aiohttp")
 
-from moefleet.engine.build import build_engine  # noqa: E402
-from moefleet.models.local_experts import local_experts  # noqa: E402
-from moefleet.runtime.faults import FaultPlan, FaultyExperts  # noqa: E402
-from moefleet.serve.fault_runs import run_http_under_faults  # noqa: E402
-from tests.serve.conftest import running, tiny_adapter  # noqa: E402
+from moefleet.engine.build import build_engine
+from moefleet.models.local_experts import local_experts
+from moefleet.runtime.faults import FaultPlan, FaultyExperts
+from moefleet.serve.fault_runs import run_http_under_faults
+from tests.serve.conftest import running, tiny_adapter
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -44,8 +44,9 @@ def serve_cmd(
         help="watchdog: a model step running longer than this makes /health and the "
              "requests waiting on it answer 503 (seconds)")] = 120.0,
     inject_faults: Annotated[str | None, typer.Option(
-        help="resilience testing (emulated faults): KIND:RATE[:SEED], KIND one of crash, "
-             "timeout, throttle, straggler, stall, error; RATE = fraction of expert calls")
+        help="resilience testing (emulated faults): KIND:RATE[:SEED[:SECONDS]], KIND one "
+             "of crash, timeout, throttle, straggler, stall, error; RATE = fraction of "
+             "expert calls; SECONDS = how long a timeout/straggler/stall waits")
                              ] = None,
 ) -> None:
     """Serve a model over HTTP: /v1/completions, /v1/chat/completions, /metrics, ...

@@ -234,21 +234,27 @@ class FaultyExperts:
 
 
 def parse_fault(text: str) -> FaultPlan:
-    """``KIND:RATE[:SEED]`` (e.g. ``crash:0.05``) -> a plan for :class:`FaultyExperts`."""
+    """``KIND:RATE[:SEED[:SECONDS]]`` (e.g. ``crash:0.05``) -> a plan for
+    :class:`FaultyExperts`; SECONDS sets how long a timeout, straggler or stall waits."""
     parts = text.split(":")
-    if len(parts) not in (2, 3) or parts[0] not in EXPERT_FAULTS:
+    if not 2 <= len(parts) <= 4 or parts[0] not in EXPERT_FAULTS:
         raise MoefleetError(f"bad fault spec {text!r}",
-                            f"use KIND:RATE[:SEED] with KIND one of {', '.join(EXPERT_FAULTS)}"
-                            ", e.g. crash:0.05")
+                            f"use KIND:RATE[:SEED[:SECONDS]] with KIND one of "
+                            f"{', '.join(EXPERT_FAULTS)}, e.g. crash:0.05")
     try:
         rate = float(parts[1])
-        seed = int(parts[2]) if len(parts) == 3 else 0
+        seed = int(parts[2]) if len(parts) >= 3 else 0
+        secs = float(parts[3]) if len(parts) == 4 else None
     except ValueError:
-        raise MoefleetError(f"bad fault spec {text!r}: rate must be a number, seed an "
-                            "integer", "e.g. crash:0.05:1") from None
+        raise MoefleetError(f"bad fault spec {text!r}: rate and seconds must be numbers, "
+                            "seed an integer", "e.g. stall:0.01:1:5") from None
     if not 0.0 <= rate <= 1.0:  # also refuses nan
         raise MoefleetError(f"fault rate must be in [0, 1], got {parts[1]!r}", "e.g. 0.05")
-    return FaultPlan(parts[0], rate, seed=seed)
+    if secs is None:
+        return FaultPlan(parts[0], rate, seed=seed)
+    if not 0.0 <= secs <= 3600.0:
+        raise MoefleetError(f"fault seconds must be in [0, 3600], got {parts[3]!r}", "e.g. 5")
+    return FaultPlan(parts[0], rate, seed=seed, timeout_s=secs, straggle_s=secs, stall_s=secs)
 
 
 class FaultyStore(ObjectStore):

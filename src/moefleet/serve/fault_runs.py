@@ -46,6 +46,8 @@ class EngineFaultRun(FaultRun):
         d["outputs_equal_fault_free"] = d.pop("outputs_equal_monolithic")
         d["retry_policy"] = POLICIES["engine"].to_dict()
         d["emulated"] = True  # faults are injected at the in-process expert seam
+        if not self.latencies_s:  # nothing completed: no latency to quote
+            d["latency_p50_s"] = d["latency_p95_s"] = None
         return d
 
 
