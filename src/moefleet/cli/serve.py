@@ -87,7 +87,9 @@ def serve_cmd(
                 raise MoefleetError("--inject-faults and --brownout cannot be combined",
                                     "drop one of them")
         key = api_key or os.environ.get("MOEFLEET_API_KEY") or None
-        from moefleet.engine.build import build_engine
+        from moefleet.engine.build import build_engine, check_engine_args
+
+        check_engine_args(device, max_num_seqs)  # before the model loads
         from moefleet.models.registry import load_adapter
 
         spec = None
