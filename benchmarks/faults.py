@@ -13,7 +13,9 @@ Writes benchmarks/results/faults.json: per run accepted, completed, failed, ``lo
 (failed attempts included) and their ratio to the fault-free run. Kinds marked
 ``emulated`` are injected at the harness, not by the platform (see faults.py).
 ``--backends local,aws`` adds the aws backend on a moto server (127.0.0.1; invocations run
-the uploaded zip in forked processes, S3 traffic goes to moto). Ray is not measured yet.
+the uploaded zip in forked processes, S3 traffic goes to moto); ``ray`` adds the ray
+backend on a local loopback node (one Serve application per function, replica processes;
+crash = a replica process SIGKILLed mid-call), with the tiny model trimmed to 2x4 experts.
 ``--targets engine,http`` runs the generation engine and a real ``moefleet serve`` under
 faults injected at the expert seam instead (see benchmarks/faults_serving.py); combine
 with ``--backends`` to run both, or ``--append`` to keep earlier runs.
@@ -72,7 +74,26 @@ def make_backend(name: str, spec: Any, tmp: str) -> tuple[Any, Any]:
                           AWS_SHARED_CREDENTIALS_FILE=os.devnull)
         backend = moto_aws_backend(spec)
         return backend, open_store(backend.store_url)
-    raise SystemExit(f"unknown backend {name!r}: use local or aws")
+    if name == "ray":
+        from moefleet.runtime.ray_backend import RayBackend
+
+        store = LocalObjectStore(tmp)  # a local Ray node: replicas share this machine's disk
+        return RayBackend(spec, store=store, wait_ready=True), store
+    raise SystemExit(f"unknown backend {name!r}: use local, aws or ray")
+
+
+def ray_adapter() -> HFMoEAdapter:
+    """tiny-mixtral trimmed to 2 blocks of 4 experts (as tests/integration/test_runtime_ray
+    does): 10 functions = 10 replica processes that each import torch, where the full
+    tiny model's 27 take minutes to start on 2 cores."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MixtralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, vocab_size=1024,
+                        num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False,
+                        max_position_embeddings=512, bos_token_id=0, eos_token_id=1)
+    return HFMoEAdapter(MixtralForCausalLM(cfg).float().eval(), name="tiny-mixtral-2x4")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -85,8 +106,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="engine and/or http: faults under the generation engine and the "
                     "HTTP server (no backend runs unless --backends is given too)")
     ap.add_argument("--backends", default=None,
-                    help="local and/or aws (aws-on-moto: a moto server on 127.0.0.1, "
-                    "the in-process invoker; needs the aws and dev extras)")
+                    help="local, aws and/or ray (aws-on-moto: a moto server on 127.0.0.1, "
+                    "the in-process invoker; needs the aws and dev extras; ray: a local "
+                    "loopback Ray node, needs the ray extra)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--append", action="store_true",
                     help="keep --out's runs of the other backends (one backend per call)")
@@ -101,9 +123,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     kinds = args.kinds.split(",")
     spec = load_platform("aws-lambda")
     adapter = HFMoEAdapter(tiny_model("mixtral"))
-    experts = [adapter.num_experts(layer) for layer in adapter.moe_layers]
-    plan = DeploymentPlan.uniform("mixtral", spec.name, adapter.moe_layers, experts,
-                                  adapter.num_layers, 512, method="storage")
     work = batches(args.requests)
     runs: list[dict[str, Any]] = []
     t0 = time.perf_counter()
@@ -114,22 +133,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "http" in targets:
         runs += http_runs(args.requests, rates, args.seed)
     for backend_name in backends:
+        model = ray_adapter() if backend_name == "ray" else adapter
+        plan = DeploymentPlan.uniform(
+            "mixtral", spec.name, model.moe_layers,
+            [model.num_experts(layer) for layer in model.moe_layers], model.num_layers, 512,
+            method="storage")
         with tempfile.TemporaryDirectory(prefix="moefleet-faults-") as tmp:
             backend, store = make_backend(backend_name, spec, tmp)
             try:
-                dep = deploy_plan(adapter, plan, spec, store, backend=backend)
+                dep = deploy_plan(model, plan, spec, store, backend=backend)
                 # Warm every instance the requests touch: cold starts are not faults.
                 run_under_faults(dep, backend, store, spec, FaultPlan("none", 0.0), work,
-                                 adapter)
+                                 model)
                 base = run_under_faults(dep, backend, store, spec, FaultPlan("none", 0.0),
-                                        work, adapter).to_dict()
+                                        work, model).to_dict()
                 base.update(kind="none", backend=backend_name)
                 runs.append(base)
                 for kind in kinds:
                     for rate in rates:
                         r = run_under_faults(dep, backend, store, spec,
                                              FaultPlan(kind, rate, seed=args.seed), work,
-                                             adapter).to_dict()
+                                             model).to_dict()
                         r["backend"] = backend_name
                         for key in ("latency_p50_s", "latency_p95_s", "cost_usd"):
                             r[f"added_{key}"] = r[key] - base[key]
@@ -147,11 +171,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report = {
         "command": "python benchmarks/faults.py " + " ".join(argv or sys.argv[1:]),
         "backends": backends + targets,
-        "model": "tiny-mixtral (random weights, 3 MoE layers, 8 experts)",
+        "model": "tiny-mixtral (random weights, 3 MoE layers, 8 experts); ray: trimmed to "
+                 "2 MoE layers of 4 experts (10 replica processes)",
         "method": "storage", "requests_per_run": args.requests, "rates": rates,
         "total_lost": sum(r["lost"] for r in runs), "wall_s": time.perf_counter() - t0,
         "machine": {"cpus": os.cpu_count(), "platform": pyplatform.platform()},
-        "not_measured": ["ray backend"],
+        "not_measured": [],
         "runs": runs,
     }
     if args.append and args.out.is_file():

@@ -214,8 +214,7 @@ def test_crash_is_retried_once_then_succeeds(backend: FunctionBackend, tmp_path:
     assert (tmp_path / "flag").exists()
     mine = [r for r in backend.records() if r.function == name]
     assert [r.failed for r in mine].count(False) == 1  # one successful invocation
-    if backend.name in ("local", "aws"):  # the crashed attempt is billed too (ray: not yet)
-        assert [r.failed for r in mine].count(True) == 1
+    assert [r.failed for r in mine].count(True) == 1  # the crashed attempt is billed too
 
 
 def test_crash_every_time_gives_a_clear_error(backend: FunctionBackend) -> None:
@@ -229,10 +228,10 @@ def test_timeout(backend: FunctionBackend) -> None:
     name = fn(backend, timeout_s=0.3)
     with pytest.raises(InvocationTimeoutError, match=f"{name}.*timeout_s=0.3"):
         call(backend, name, op="sleep", seconds=20)
-    if backend.name in ("local", "aws"):  # billed for the whole timeout, as Lambda bills it
-        [rec] = [r for r in backend.records() if r.function == name and r.failed]
-        # aws: Lambda's Timeout is whole seconds, so 0.3 s runs (and bills) 1 s
-        assert rec.end_s - rec.start_s == pytest.approx(1.0 if backend.name == "aws" else 0.3)
+    # billed for the whole timeout, as Lambda bills it; aws: Lambda's Timeout is whole
+    # seconds, so 0.3 s runs (and bills) 1 s
+    [rec] = [r for r in backend.records() if r.function == name and r.failed]
+    assert rec.end_s - rec.start_s == pytest.approx(1.0 if backend.name == "aws" else 0.3)
     assert call(backend, name, op="pid").record.cold  # its instance was stopped
 
 
