@@ -100,8 +100,12 @@ class LocalRunner:
                 f"{adapter.name} ({adapter.family}) is an encoder: it cannot generate",
                 "generate with a decoder model, e.g. tiny-moe-lm")
         self.adapter = adapter
-        self.experts = RetryingExperts(experts or local_experts(adapter, kernel),
-                                       retry or POLICIES["engine"])
+        inner = experts or local_experts(adapter, kernel)
+        self.experts = RetryingExperts(inner, retry or POLICIES["engine"])
+        # An ExpertFn that attributes work (RemoteExperts) learns whose each token row is:
+        # the owners are sequence ids (str), in the order rows reach the ExpertFn (a
+        # retried call keeps them: the rows are the same).
+        self._set_owners = getattr(inner, "set_owners", None)
         context = int(getattr(getattr(adapter.model, "config", None),
                               "max_position_embeddings", 2048) or 2048)
         self.max_model_len = min(max_model_len or context, context)
@@ -139,6 +143,8 @@ class LocalRunner:
                 [r.seq_id for r in sub], [r.token_ids for r in sub], [r.start for r in sub],
                 logits="all" if want_all else "last", all_rows=want_all,
                 device=self.adapter.device)
+            if self._set_owners is not None:  # remote experts bill each token's sequence
+                self._set_owners([str(r.seq_id) for r in sub for _ in r.token_ids])
             t0 = time.perf_counter()
             try:
                 res = self.adapter.forward_step(step, self.cache, self.experts)
