@@ -2,11 +2,14 @@
 
 engine: the tiny Mixtral (random weights, token ids, no tokenizer) in one engine
 (``max_num_seqs`` 8); its experts go through ``FaultyExperts``; ``--requests`` prompts of
-8 tokens submitted at once, 16 greedy tokens each. Outputs compare with the fault-free
-run; cost = the run's wall time priced as one aws-lambda function of 2048 MB.
+8 tokens submitted at once, 16 greedy tokens each; each (kind, rate) 3 times (seeds
+seed..seed+2), each beside a fault-free run (counts summed, added latency and cost the
+medians of the paired differences). Outputs compare with a fault-free run; cost = the
+run's wall time priced as one aws-lambda function of 2048 MB.
 
 http: a real ``moefleet serve -m tiny-mixtral-random --inject-faults KIND:RATE:SEED``
-subprocess on 127.0.0.1 per run; ``--requests`` completions, every other one streamed,
+subprocess on 127.0.0.1 per run (the baseline too, on a fresh server with the same
+warm-up); ``--requests`` completions, every other one streamed,
 at most 8 in flight, each with a 60 s client timeout; cost = the server's
 ``billed_cost_usd_total`` over the run (failed requests included, in-process estimate).
 The ``stall`` kind runs at 5 % with 3 s stalls under ``--step-timeout 1``.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -53,23 +57,55 @@ def _line(r: dict[str, Any]) -> None:
           f"{ratio if ratio is None else round(ratio, 3)}", flush=True)
 
 
-def engine_runs(adapter: Any, n: int, rates: list[float], seed: int) -> list[dict[str, Any]]:
+def _paired(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    """One row from ``repeats`` (fault run, fault-free run) pairs measured back to back:
+    counts summed, added latency and cost ratio the medians of the pairs' differences
+    (pairing cancels most of a shared machine's drift)."""
+    runs = [r for r, _ in pairs]
+    out = dict(runs[0])
+    for key in ("accepted", "completed", "failed", "lost", "outputs_equal_fault_free",
+                "faults_injected", "retries"):
+        out[key] = sum(r[key] for r in runs)
+    out["errors"] = [e for r in runs for e in r["errors"]][:5]
+    for key in ("latency_p50_s", "latency_p95_s", "cost_usd"):
+        diffs = [r[key] - b[key] for r, b in pairs if r[key] is not None]
+        out[key] = statistics.median(r[key] for r in runs if r[key] is not None) if diffs \
+            else None
+        out[f"added_{key}"] = statistics.median(diffs) if diffs else None
+    out["cost_ratio_vs_no_faults"] = statistics.median(r["cost_usd"] / b["cost_usd"]
+                                                       for r, b in pairs)
+    out["repeats"] = len(pairs)
+    return out
+
+
+def engine_runs(adapter: Any, n: int, rates: list[float], seed: int,
+                repeats: int = 3) -> list[dict[str, Any]]:
+    """Each (kind, rate) runs ``repeats`` times, each time beside a fault-free run."""
     prompts = [[(97 * i + 13 * j) % adapter.vocab_size for j in range(8)] for i in range(n)]
     build_engine(adapter, max_num_seqs=8).generate(prompts[:2], GREEDY)  # warm up
-    clean = build_engine(adapter, max_num_seqs=8)
-    base_run = run_engine_under_faults(clean, None, prompts, GREEDY)
-    reference = [base_run.outputs[i] for i in range(n)]
-    base = run_engine_under_faults(build_engine(adapter, max_num_seqs=8), None, prompts,
-                                   GREEDY, reference).to_dict()
+    ref_run = run_engine_under_faults(build_engine(adapter, max_num_seqs=8), None, prompts,
+                                      GREEDY)
+    reference = [ref_run.outputs[i] for i in range(n)]
+
+    def clean() -> dict[str, Any]:
+        return run_engine_under_faults(build_engine(adapter, max_num_seqs=8), None, prompts,
+                                       GREEDY, reference).to_dict()
+
+    bases = [clean() for _ in range(repeats)]
+    base = _paired([(b, b) for b in bases])
     base["kind"] = "none"
     runs = [base]
     _line(base)
     for kind in ENGINE_KINDS:
         for rate in rates:
-            faulty = FaultyExperts(local_experts(adapter), FaultPlan(kind, rate, seed, **FAST))
-            eng = build_engine(adapter, max_num_seqs=8, experts=faulty)
-            r = _added(run_engine_under_faults(eng, faulty, prompts, GREEDY, reference)
-                       .to_dict(), base)
+            pairs = []
+            for rep in range(repeats):
+                faulty = FaultyExperts(local_experts(adapter),
+                                       FaultPlan(kind, rate, seed + rep, **FAST))
+                eng = build_engine(adapter, max_num_seqs=8, experts=faulty)
+                run = run_engine_under_faults(eng, faulty, prompts, GREEDY, reference)
+                pairs.append((run.to_dict(), clean()))
+            r = _paired(pairs)
             runs.append(r)
             _line(r)
     return runs
@@ -123,6 +159,8 @@ def http_runs(n: int, rates: list[float], seed: int) -> list[dict[str, Any]]:
         run_http_under_faults(srv.url, none, prompts[:2])  # warm up
         ref_run, _ = run_http_under_faults(srv.url, none, prompts)
         reference = [str(ref_run.outputs.get(i, "")) for i in range(n)]
+    with _Server([]) as srv:  # the baseline: a fresh server warmed as the fault runs' are
+        run_http_under_faults(srv.url, none, prompts[:2])
         base_run, health = run_http_under_faults(srv.url, none, prompts, reference=reference)
     base = base_run.to_dict()
     base.update(kind="none", health_after=health)

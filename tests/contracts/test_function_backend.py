@@ -8,7 +8,10 @@ its waits; backends are torn down by the fixtures.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -215,6 +218,28 @@ def test_crash_is_retried_once_then_succeeds(backend: FunctionBackend, tmp_path:
     mine = [r for r in backend.records() if r.function == name]
     assert [r.failed for r in mine].count(False) == 1  # one successful invocation
     assert [r.failed for r in mine].count(True) == 1  # the crashed attempt is billed too
+
+
+def test_a_process_killed_mid_invocation_is_retried_and_billed(
+        backend: FunctionBackend) -> None:
+    """The fault harness's crash: SIGKILL the process running a call (found through
+    ``worker_pids``); the call is retried and the crashed attempt billed."""
+    if backend.name != "aws":  # local/ray: worker_pids are every live worker/replica,
+        pytest.skip("only aws names the processes running a call (crash_once covers it)")
+    name = fn(backend, timeout_s=30)
+    out: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: out.update(res=call(backend, name, op="sleep",
+                                                                 seconds=2.0)))
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not (busy := backend.worker_pids()):  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline and thread.is_alive(), "the call never started"
+        time.sleep(0.02)
+    os.kill(busy[0], signal.SIGKILL)  # the environment serving our call (ours, by pid)
+    thread.join(120)
+    assert unpack(out["res"].payload).meta["op"] == "sleep"  # retried, answered
+    failed = [r for r in backend.records() if r.function == name and r.failed]
+    assert len(failed) == 1 and failed[0].end_s > failed[0].start_s
 
 
 def test_crash_every_time_gives_a_clear_error(backend: FunctionBackend) -> None:
