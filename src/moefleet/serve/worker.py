@@ -171,15 +171,15 @@ class EngineWorker(threading.Thread):
 
     def _step(self) -> None:
         eng = self.engine
-        before = (len(eng.stats.steps), eng.stats.failed_steps)
+        steps_before, failed_before = len(eng.stats.steps), eng.stats.failed_steps
         self._step_started = time.monotonic()
         try:
             outs = eng.step()
         finally:
             self._step_started = None
-        # a failed step records no StepStats: only a step that ran shares its time
-        ran = (len(eng.stats.steps), eng.stats.failed_steps) != before and \
-            eng.stats.failed_steps == before[1]
+        # Only a step that ran records StepStats (an empty or failed one does not), and
+        # only its forward time is shared among the requests it served.
+        ran = eng.stats.failed_steps == failed_before and len(eng.stats.steps) != steps_before
         st = eng.stats.steps[-1] if ran and eng.stats.steps else None
         if st is not None:
             served = {o.request_id for o in outs} | {s.request_id
