@@ -224,6 +224,9 @@ def test_a_process_killed_mid_invocation_is_retried_and_billed(
         backend: FunctionBackend) -> None:
     """The fault harness's crash: SIGKILL the process running a call (found through
     ``worker_pids``); the call is retried and the crashed attempt billed."""
+    if backend.name == "ray":  # it names its own live replicas, as seen in replies
+        pid = unpack(call(backend, fn(backend), op="pid").payload).meta["pid"]
+        assert pid in backend.worker_pids()  # type: ignore[attr-defined]
     if backend.name != "aws":  # local/ray: worker_pids are every live worker/replica,
         pytest.skip("only aws names the processes running a call (crash_once covers it)")
     name = fn(backend, timeout_s=30)

@@ -328,12 +328,19 @@ class RayBackend(FunctionBackend):
         return InvokeResult(body, record)
 
     def worker_pids(self) -> list[int]:
-        """Replica processes seen answering calls (local node: what a crash can kill)."""
+        """Replica processes seen answering calls that are still replicas (local node:
+        what a crash can kill). A pid whose process is gone, or now runs something else
+        (pids are reused), is dropped: only a live Serve replica of one of this backend's
+        applications (its title names the app) is ever named."""
+        mine = f"ServeReplica:{self._prefix}".encode()
         with self._lock:
             for pid in list(self._pids):
                 try:
-                    os.kill(pid, 0)  # signal 0: is it still alive?
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        alive = mine in f.read()
                 except OSError:
+                    alive = False
+                if not alive:
                     self._pids.discard(pid)
             return sorted(self._pids)
 
