@@ -33,6 +33,8 @@ SLO_VIOLATIONS = PREFIX + "slo_violations_total"
 REQUEST_SUCCESS = PREFIX + "request_success_total"
 REQUESTS_ABORTED = PREFIX + "num_requests_aborted_total"
 REQUESTS_REJECTED = PREFIX + "num_requests_rejected_total"
+REQUESTS_FAILED = PREFIX + "num_requests_failed_total"  # a model step failed for good
+EXPERT_RETRIES = PREFIX + "expert_call_retries_total"
 CONTROLLER_SETTING = PREFIX + "controller_setting"
 
 COST_PARTS = ("compute", "requests", "storage")

@@ -49,6 +49,14 @@ def serve_cmd(
         help="BrownoutServe: ways=8,slo-ttft=S,slo-tpot=S[,mode=partial|full,warning=,"
              "increment=,shrink=,window=,interval=] (SALC sets the threshold each step)")
                         ] = None,
+    step_timeout: Annotated[float, typer.Option(
+        help="watchdog: a model step running longer than this makes /health and the "
+             "requests waiting on it answer 503 (seconds)")] = 120.0,
+    inject_faults: Annotated[str | None, typer.Option(
+        help="resilience testing (emulated faults): KIND:RATE[:SEED[:SECONDS]], KIND one "
+             "of crash, timeout, throttle, straggler, stall, error; RATE = fraction of "
+             "expert calls; SECONDS = how long a timeout/straggler/stall waits")
+                             ] = None,
 ) -> None:
     """Serve a model over HTTP: /v1/completions, /v1/chat/completions, /metrics, ...
 
@@ -84,8 +92,21 @@ def serve_cmd(
             if v is not None and not 0 < v < 3600:
                 raise MoefleetError(f"{name} must be in (0, 3600) seconds, got {v}",
                                     "e.g. 0.5")
+        if not 0 < step_timeout <= 86_400:  # also refuses nan
+            raise MoefleetError(f"--step-timeout must be in (0, 86400] seconds, got "
+                                f"{step_timeout}", "e.g. --step-timeout 120")
+        faults = None
+        if inject_faults is not None:
+            from moefleet.runtime.faults import parse_fault
+
+            faults = parse_fault(inject_faults)
+            if brownout is not None or plan is not None:
+                raise MoefleetError("--inject-faults cannot be combined with --brownout or "
+                                    "--plan", "drop one of them")
         key = api_key or os.environ.get("MOEFLEET_API_KEY") or None
-        from moefleet.engine.build import build_engine
+        from moefleet.engine.build import build_engine, check_engine_args
+
+        check_engine_args(device, max_num_seqs)  # before the model loads
         from moefleet.models.registry import load_adapter
 
         spec = None
@@ -116,13 +137,22 @@ def serve_cmd(
             engine, experts, _ = brownout_engine(adapter, ways=spec.ways, mode=spec.mode,
                                                  salc=spec.salc(), device=device,
                                                  max_num_seqs=max_num_seqs)
+        elif the_plan is None and faults is not None:
+            from moefleet.models.local_experts import local_experts
+            from moefleet.runtime.faults import FaultyExperts
+
+            engine = build_engine(adapter, device=device, max_num_seqs=max_num_seqs,
+                                  experts=FaultyExperts(local_experts(adapter), faults))
+            err_console.print(f"injecting {faults.kind} faults into {faults.rate:.0%} of "
+                              "expert calls (emulated)", highlight=False)
         elif the_plan is None:
             engine = build_engine(adapter, device=device, max_num_seqs=max_num_seqs)
         name = served_name or (adapter.name if os.path.isdir(os.path.expanduser(model))
                                else model)
         app_kw = {"model_name": name, "api_key": key, "max_waiting": max_waiting,
                   "max_body_bytes": max_body_kb * 1024, "platform": platform,
-                  "memory_mb": memory_mb, "slo_ttft_s": slo_ttft, "slo_tpot_s": slo_tpot}
+                  "memory_mb": memory_mb, "slo_ttft_s": slo_ttft, "slo_tpot_s": slo_tpot,
+                  "step_timeout_s": step_timeout}
         if the_plan is not None:
             _serve_plan(the_plan, adapter, model, backend, store, workers, device,
                         max_num_seqs, host, port, app_kw)

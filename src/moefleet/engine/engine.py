@@ -5,6 +5,24 @@ accepted is ever dropped (cache exhaustion preempts and recomputes). Every reque
 clock readings (arrival, first schedule, each token, finish) give TTFT, TPOT,
 inter-token latency and end-to-end latency; every step's per-expert token counts and
 timings are kept in :attr:`Engine.stats`.
+
+Failures (the engine's fault semantics, tested in tests/faults/test_engine_faults.py):
+
+- A transient expert or runner failure (crashed, timed-out or throttled expert
+  function, dropped connection) is retried in place by the runner; the step's requests
+  only see added latency, and their outputs are unchanged (see ``runner.py``).
+- When a step fails for good (retries exhausted, or an error that is not transient),
+  every request with a row in that step ends at once with ``finish_reason="error"`` and
+  ``error`` naming the cause; its cache is freed. The step's rows shared one batched
+  expert call, so none of them can be trusted. Every other request (waiting, or not
+  scheduled in that step) is untouched and the engine keeps serving: one bad step never
+  takes the others down. Step hooks do not see a failed step.
+- Any other exception (scheduler, sampler, detokenizer: a bug, not a fault) propagates
+  out of :meth:`Engine.step`; the server then marks the engine dead (``/health`` 503)
+  and fails every request in flight with a clear error (``serve/worker.py``).
+- A stalled step (an expert call that does not return) cannot be interrupted in
+  process: it delays the step's requests. The server's watchdog reports a step running
+  past its ``step_timeout_s`` on ``/health`` (503) and fails the requests waiting on it.
 """
 
 from __future__ import annotations
@@ -25,7 +43,7 @@ from moefleet.engine.request import (
     SamplingParams,
     Sequence,
 )
-from moefleet.engine.runner import ModelRunner
+from moefleet.engine.runner import ModelRunner, StepFailedError
 from moefleet.engine.sampler import Sampler, prompt_top_logprobs
 from moefleet.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
@@ -61,6 +79,8 @@ class EngineStats:
     expert_tokens: dict[int, torch.Tensor] = field(default_factory=dict)
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    failed_steps: int = 0
+    failed_requests: int = 0
     max_steps_kept: int = 100_000  # a long-running server keeps a bounded history
 
     def record(self, s: StepStats, counts: dict[int, torch.Tensor]) -> None:
@@ -176,7 +196,10 @@ class Engine:
                 live.times.scheduled = now
         for hook in self.hooks:
             hook.before_step(sched, now)
-        res = self.runner.execute(sched)
+        try:
+            res = self.runner.execute(sched)
+        except StepFailedError as err:
+            return self._fail_step(sched, err)
         seqs = self.scheduler.seqs
         for seq_id, logits_TV in res.prompt_logits.items():
             self._prompt_logprobs(seqs[seq_id], next(r for r in sched.rows
@@ -197,6 +220,27 @@ class Engine:
         self.stats.record(StepStats(
             len(sched.rows), sched.num_tokens, self.num_running, self.num_waiting,
             len(sched.preempted), res.forward_s, time.perf_counter() - t0), res.expert_counts)
+        return outputs
+
+    def _fail_step(self, sched: SchedulerOutput, err: StepFailedError) -> list[RequestOutput]:
+        """End every request of a failed step with its error; the rest keep running."""
+        now = self.clock()
+        msg = str(err)
+        outputs: list[RequestOutput] = []
+        for row in sched.rows:
+            seq = self.scheduler.seqs.get(row.seq_id)
+            if seq is None:
+                continue
+            live = self._live.pop(seq.request_id)
+            live.times.finished = now
+            self.scheduler.finish(seq.seq_id, "error")
+            self.runner.free([seq.seq_id])
+            self.sampler.forget(seq.seq_id)
+            outputs.append(RequestOutput(seq.request_id, [], "", True, "error", times=live.times,
+                                         num_prompt_tokens=len(seq.prompt_ids),
+                                         num_output_tokens=len(seq.output_ids), error=msg))
+        self.stats.failed_steps += 1
+        self.stats.failed_requests += len(outputs)
         return outputs
 
     def _prompt_logprobs(self, seq: Sequence, start: int, logits_TV: torch.Tensor) -> None:
@@ -282,3 +326,4 @@ def merge_into(acc: RequestOutput, delta: RequestOutput) -> None:
     acc.times = delta.times or acc.times
     acc.num_prompt_tokens = delta.num_prompt_tokens
     acc.num_output_tokens = delta.num_output_tokens
+    acc.error = delta.error or acc.error

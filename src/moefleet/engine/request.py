@@ -160,7 +160,8 @@ class RequestOutput:
     token, which nothing predicts), with ``prompt_top_logprobs`` (token id ->
     log-probability of the ``logprobs`` most likely tokens at each prompt position).
     ``times`` is the request's live clock record (complete, with ``finished``, on the
-    final delta)."""
+    final delta). A request the engine could not finish ends with
+    ``finish_reason="error"`` and ``error`` saying why."""
 
     request_id: str
     new_token_ids: list[int]
@@ -174,3 +175,4 @@ class RequestOutput:
     times: RequestTimes | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    error: str | None = None

@@ -23,6 +23,7 @@ from moefleet.metric_names import (
     BILLED_COST,
     CONTROLLER_SETTING,
     E2E,
+    EXPERT_RETRIES,
     EXPERT_TOKENS,
     GENERATION_TOKENS,
     ITL,
@@ -34,6 +35,7 @@ from moefleet.metric_names import (
     QUEUE,
     REQUEST_SUCCESS,
     REQUESTS_ABORTED,
+    REQUESTS_FAILED,
     REQUESTS_REJECTED,
     RUNNING,
     SLO_PHASES,
@@ -43,9 +45,10 @@ from moefleet.metric_names import (
     WAITING,
 )
 
-__all__ = ["BILLED_COST", "CONTROLLER_SETTING", "E2E", "EXPERT_TOKENS", "GENERATION_TOKENS",
-           "ITL", "KV_CACHE_USAGE", "MODEL_TOKENS", "PREEMPTIONS", "PREFIX", "PROMPT_TOKENS",
-           "QUEUE", "REQUESTS_ABORTED", "REQUESTS_REJECTED", "REQUEST_SUCCESS", "RUNNING",
+__all__ = ["BILLED_COST", "CONTROLLER_SETTING", "E2E", "EXPERT_RETRIES", "EXPERT_TOKENS",
+           "GENERATION_TOKENS", "ITL", "KV_CACHE_USAGE", "MODEL_TOKENS", "PREEMPTIONS", "PREFIX",
+           "PROMPT_TOKENS", "QUEUE", "REQUESTS_ABORTED", "REQUESTS_FAILED", "REQUESTS_REJECTED",
+           "REQUEST_SUCCESS", "RUNNING",
            "SLO_VIOLATIONS", "TPOT", "TTFT", "WAITING", "ServeMetrics"]
 
 # The *_created series double the output and no dashboard reads them (vLLM drops them too).
@@ -95,6 +98,10 @@ class ServeMetrics:
                                registry=r)
         self.rejected = Counter(REQUESTS_REJECTED, "Requests shed with 503 (queue full).", m,
                                 registry=r)
+        self.failed = Counter(REQUESTS_FAILED, "Requests ended by a failed model step "
+                              "(an expert call that failed for good).", m, registry=r)
+        self.expert_retries = Counter(EXPERT_RETRIES, "Expert calls retried after a "
+                                      "transient failure.", m, registry=r)
         self.controller = Gauge(CONTROLLER_SETTING, "Controller settings of this server.",
                                 [*m, "setting"], registry=r)
         # Every series present at 0 from the start, so rate() and tests see it move.
@@ -102,7 +109,7 @@ class ServeMetrics:
             self.slo_violations.labels(model_name, phase)
         for metric in (self.running, self.waiting, self.kv_usage, self.prompt_tokens,
                        self.generation_tokens, self.model_tokens, self.preemptions,
-                       self.aborted, self.rejected):
+                       self.aborted, self.rejected, self.failed, self.expert_retries):
             metric.labels(model_name)
 
     def render(self) -> bytes:

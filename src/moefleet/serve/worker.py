@@ -5,7 +5,11 @@ its tokenizer. HTTP handlers hand it work as closures (:meth:`EngineWorker.call`
 receive every streamed delta on a per-request ``asyncio.Queue``, filled with
 ``loop.call_soon_threadsafe``. Invariants: a request registered with a sink gets exactly
 one finished delta or one :class:`WorkerDied` item; an aborted request gets nothing more
-and its cache is freed at once.
+and its cache is freed at once. A request whose model step failed gets a finished delta
+with ``finish_reason="error"`` (the handlers turn it into an error response) while the
+engine keeps serving the rest. :attr:`EngineWorker.stalled_s` is how long the step now
+running has run once it is past ``step_timeout_s`` (the watchdog ``/health`` and the
+handlers read; an in-process step cannot be interrupted).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -70,7 +75,8 @@ class EngineWorker(threading.Thread):
     """Drives one engine: runs closures between steps, steps while work is pending."""
 
     def __init__(self, engine: Engine, metrics: ServeMetrics, biller: Biller, *,
-                 slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> None:
+                 slo_ttft_s: float | None = None, slo_tpot_s: float | None = None,
+                 step_timeout_s: float | None = None) -> None:
         super().__init__(name="moefleet-engine", daemon=True)
         self.engine = engine
         self.metrics = metrics
@@ -81,16 +87,28 @@ class EngineWorker(threading.Thread):
         self._sinks: dict[str, _Sink] = {}
         self._expert_seen: dict[int, list[int]] = {}
         self._preemptions = 0
+        self._retries = 0
         self.error: str | None = None
         self.pending = 0  # closures submitted and not yet run (read by the event loop)
         self._pending_lock = threading.Lock()
         self.num_waiting = 0  # engine's waiting queue, published after every step
         self._stopping = False
         self._lbl = metrics.model_name
+        self.step_timeout_s = step_timeout_s
+        self._step_started: float | None = None  # monotonic start of the running step
 
     @property
     def alive(self) -> bool:
         return self.error is None and self.is_alive()
+
+    @property
+    def stalled_s(self) -> float | None:
+        """Seconds the running step has taken, once past ``step_timeout_s``; else None."""
+        started, limit = self._step_started, self.step_timeout_s
+        if started is None or limit is None:
+            return None
+        took = time.monotonic() - started
+        return took if took > limit else None
 
     # -- called from other threads -----------------------------------------------------
     def call(self, fn: Callable[[Engine], Any]) -> asyncio.Future[Any]:
@@ -155,6 +173,8 @@ class EngineWorker(threading.Thread):
     def _run_cmd(self, fn: Callable[[Engine], Any], fut: Future[Any]) -> None:
         with self._pending_lock:  # += runs on the event loop's thread, -= on this one
             self.pending -= 1
+        if not fut.set_running_or_notify_cancel():
+            return  # its caller gave up waiting (a stalled step): do not act behind it
         try:
             fut.set_result(fn(self.engine))
         except Exception as err:
@@ -164,9 +184,14 @@ class EngineWorker(threading.Thread):
     def _step(self) -> None:
         eng = self.engine
         prev = eng.stats.steps[-1] if eng.stats.steps else None
-        outs = eng.step()
+        self._step_started = time.monotonic()
+        try:
+            outs = eng.step()
+        finally:
+            self._step_started = None
         st = eng.stats.steps[-1] if eng.stats.steps else None
-        if st is not None and st is not prev:  # an empty schedule records no step
+        # an empty schedule or a failed step records no step: nothing ran to bill
+        if st is not None and st is not prev:
             served = {o.request_id for o in outs} | {s.request_id
                                                      for s in eng.scheduler.running}
             # before delivery: a request finishing now is billed this step's invocations
@@ -196,8 +221,11 @@ class EngineWorker(threading.Thread):
         if o.finished:
             del self._sinks[o.request_id]
             d.cost, billed = self.biller.finish(o.request_id)
-            self._bill(billed)
-            self._finished(o)
+            self._bill(billed)  # a failed request too: its steps ran (a failed Lambda bills)
+            if o.finish_reason == "error":
+                m.failed.labels(lbl).inc()
+            else:
+                self._finished(o)
         sink.loop.call_soon_threadsafe(sink.queue.put_nowait, d)
 
     def _bill(self, billed: ByFunction) -> None:
@@ -243,6 +271,10 @@ class EngineWorker(threading.Thread):
         m.running.labels(lbl).set(eng.num_running)
         m.waiting.labels(lbl).set(eng.num_waiting)
         m.kv_usage.labels(lbl).set(eng.scheduler.cache_usage)
+        retries = int(getattr(getattr(eng.runner, "experts", None), "retries", 0))
+        if retries > self._retries:
+            m.expert_retries.labels(lbl).inc(retries - self._retries)
+            self._retries = retries
         pre = eng.scheduler.num_preemptions
         if pre > self._preemptions:
             m.preemptions.labels(lbl).inc(pre - self._preemptions)
@@ -258,7 +290,7 @@ class EngineWorker(threading.Thread):
                 item = self._cmds.get_nowait()
             except queue.Empty:
                 break
-            if item is not None:
+            if item is not None and item[1].set_running_or_notify_cancel():
                 item[1].set_exception(RuntimeError(self.error or "engine died"))
 
 
