@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from moefleet.platform import InvocationRecord, ObjectStore, PlatformSpec
+from moefleet.platform import InvocationRecord, ObjectStore, PlatformSpec, polling
 from moefleet.runtime import scatter
 from moefleet.runtime.base import FunctionBackend, InvokeResult
 from moefleet.runtime.deploy import Deployment
@@ -305,8 +305,8 @@ class Executor:
     def _wait_route(self, prefix: str, layer: int, gate: Any) -> torch.Tensor:
         """``ids_NK`` of a pipelined layer once its gate has published it (module doc)."""
         assert self.store is not None  # pipelined layers need a store (checked in __init__)
-        key, delay = scatter.route_key(prefix, layer), 0.002
-        while True:
+        key = scatter.route_key(prefix, layer)
+        for delay in polling.delays(*polling.ROUTE_POLL):  # each ask is billed (costmodel)
             if self.store.exists(key):
                 return unpack(self.store.get(key)).tensors["ids_NK"]
             if gate.done():
@@ -314,7 +314,7 @@ class Executor:
                 raise FunctionError(f"layer {layer}: the gate returned without publishing "
                                     "its routing", "redeploy: the segment code is stale")
             time.sleep(delay)
-            delay = min(2 * delay, 0.02)
+        raise AssertionError("unreachable: delays() never ends")
 
     def _cleanup(self, prefix: str) -> None:
         if self.store is None:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from moefleet.models.base import ForwardContext
-from moefleet.platform import ObjectNotFoundError, ObjectStore
+from moefleet.platform import ObjectNotFoundError, ObjectStore, polling
 from moefleet.runtime import scatter, weights
 from moefleet.runtime.base import HandlerRef
 from moefleet.runtime.errors import FunctionError, PayloadError
@@ -49,7 +49,7 @@ from moefleet.runtime.payload import (
 )
 from moefleet.runtime.stores import import_callable
 
-_IO_THREADS = 8  # parallel object-store requests of one function (S3 clients do the same)
+_IO_THREADS = polling.STORE_IO_THREADS  # the cost model assumes the same (plan.transfers)
 _WAIT_S = 120.0  # how long a pipelined expert waits for a minibatch the gate uploads
 MB = 1024 * 1024
 Tensors = dict[str, torch.Tensor]
@@ -303,8 +303,8 @@ def _wait_get(store: ObjectStore, key: str, function: str,
     """GET ``key``, waiting (polling, backing off to 50 ms) while the gate, which runs
     concurrently under the pipelined method, has not uploaded it yet; every poll is a
     billed GET, as on S3."""
-    deadline, delay = time.monotonic() + timeout_s, 0.002
-    while True:
+    deadline = time.monotonic() + timeout_s
+    for delay in polling.delays(*polling.MINIBATCH_POLL):  # the cost model counts these
         try:
             return store.get(key)
         except ObjectNotFoundError:
@@ -313,7 +313,7 @@ def _wait_get(store: ObjectStore, key: str, function: str,
                     f"{function}: minibatch {key!r} did not appear within {timeout_s:g} s",
                     "the gate function failed or is too slow; see its error") from None
             time.sleep(delay)
-            delay = min(2 * delay, 0.05)
+    raise AssertionError("unreachable: delays() never ends")
 
 
 def expert_handler(config: dict[str, Any], init: InitContext) -> Handler:
