@@ -7,7 +7,8 @@ requests of a direct plan (measured in ``moefleet demo``). This module counts th
 the runtime's own rules: which tensors a packet spills (``platform.inline.spill_names``,
 one PUT each, one GET where it is read) and how often a poller asks
 (``platform.polling``). Per MoE layer at block b with P positions, D_in bytes per position
-and top-k K (sizes: h, residual, x, routed = P·D_in; ids = 8·P·K; w = 4·P·K):
+and top-k K (sizes: h, residual, x, routed = P·D_in; ids = 8·P·K; w = 4·P·K; P is
+``problem.positions``, padding included, else the batch's tokens):
 
 1. seg-b ``pre`` returns residual, x, ids, w: the spilled ones are PUT by the segment;
    the coordinator GETs ids and w if spilled, and x too under ``direct`` (it slices x);
@@ -20,13 +21,12 @@ and top-k K (sizes: h, residual, x, routed = P·D_in; ids = 8·P·K; w = 4·P·K
    each replica asks for a minibatch that is not up yet (:func:`minibatch_failed_asks`).
 
 Per batch: one LIST (the coordinator's clean-up; deletes are free on S3). Not modelled,
-stated where measured: padding positions (the model uses the batch's tokens), the block-0
-context tensors (masks, rotary tables), and the head's output spill (its size is the
+stated where measured: the block-0 context tensors (masks, rotary tables), and the head's output spill (its size is the
 vocabulary's, not the MoE layers').
 
-Invariant: counts are the runtime's for a batch of exactly ``problem.tokens`` positions
-and the planning inline budget (the backend's ``max_inline_bytes``, base64 on aws and on
-the local backend's ``wire="base64"``); zero when ``problem.storage_requests`` is off.
+Invariant: counts are the runtime's for a batch of P positions and the planning inline
+budget (the backend's ``max_inline_bytes``: base64 on aws and on the local backend's
+``wire="base64"``); zero when ``problem.storage_requests`` is off.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def layer_requests(problem: PlanningProblem, li: int, method: int) -> Requests:
     without the replicas' minibatch polls, which depend on the plan's replicas)."""
     if not problem.storage_requests:
         return Requests()
-    positions, k = problem.tokens, top_k(problem, li)
+    positions, k = problem.positions or problem.tokens, top_k(problem, li)
     act = positions * problem.bytes_in
     budget = spill_budget(problem.payload_limit_bytes, META_JSON_BYTES)
     pre = spill_names([("residual", act), ("x", act), ("ids", INT64 * positions * k),
