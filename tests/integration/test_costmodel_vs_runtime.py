@@ -145,7 +145,6 @@ def _layer_parts(problem: Any, plan: Any, le: Any, spec: Any) -> np.ndarray:
 @pytest.mark.timeout(600)
 def test_costmodel_matches_local_runtime(tmp_path: Path) -> None:
     from moefleet.plan import PlanningProblem, evaluate
-    from moefleet.plan.costmodel import PARAM_GETS
     from moefleet.plan.calibrate import (
         StoreTiming,
         calibrated_platform,
@@ -153,6 +152,7 @@ def test_costmodel_matches_local_runtime(tmp_path: Path) -> None:
         one_worker_layer_latency,
         warm_call_s,
     )
+    from moefleet.plan.costmodel import PARAM_GETS
     from moefleet.profiles.cache import profile_for
 
     data = _run(tmp_path)

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moefleet.plan.transfers import layer_transfer_usd
 from moefleet.plan.costmodel import (
     Rates,
     direct_fits,
@@ -40,6 +39,7 @@ from moefleet.plan.costmodel import (
     replica_time,
 )
 from moefleet.plan.problem import MB, PlanningProblem
+from moefleet.plan.transfers import layer_transfer_usd
 
 EXACT_LIMIT = 64  # enumerate every β / ρ when there are at most this many
 GRID = 24  # otherwise this many grid values

@@ -34,10 +34,10 @@ import numpy as np
 from moefleet.errors import MissingExtraError
 from moefleet.plan.base import METHODS, Frontiers, LayerChoice, Planner, build_plan
 from moefleet.plan.costmodel import PARAM_GETS, Rates
-from moefleet.plan.transfers import layer_transfer_usd
 from moefleet.plan.frontier import ExpertChoice, LayerTables, choose_experts
 from moefleet.plan.plan import DeploymentPlan
 from moefleet.plan.problem import InfeasibleError, PlanningProblem
+from moefleet.plan.transfers import layer_transfer_usd
 
 
 class _Model:

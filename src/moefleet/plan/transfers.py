@@ -21,8 +21,8 @@ and top-k K (sizes: h, residual, x, routed = P·D_in; ids = 8·P·K; w = 4·P·K
    each replica asks for a minibatch that is not up yet (:func:`minibatch_failed_asks`).
 
 Per batch: one LIST (the coordinator's clean-up; deletes are free on S3). Not modelled,
-stated where measured: the block-0 context tensors (masks, rotary tables), and the head's output spill (its size is the
-vocabulary's, not the MoE layers').
+stated where measured: the block-0 context tensors (masks, rotary tables) and the head's
+output spill (its size is the vocabulary's, not the MoE layers').
 
 Invariant: counts are the runtime's for a batch of P positions and the planning inline
 budget (the backend's ``max_inline_bytes``: base64 on aws and on the local backend's
@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from moefleet.plan.problem import PlanningProblem
 from moefleet.platform import polling
 from moefleet.platform.inline import spill_budget, spill_names
-from moefleet.plan.problem import PlanningProblem
 
 META_JSON_BYTES = 1024  # the JSON metadata of a segment packet (keys, replica lists)
 INT64, FP32 = 8, 4  # ids_NK and w_NK element sizes
