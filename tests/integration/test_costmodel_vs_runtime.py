@@ -227,10 +227,12 @@ def test_costmodel_matches_local_runtime(tmp_path: Path) -> None:
         assert warm_parts[1] == pytest.approx(bill.request, rel=1e-9)
         if method == "pipelined":
             # The gate runs concurrently with the experts: its routing PUT and the experts'
-            # GETs of minibatches not uploaded yet (polls) are billed on top of the model's
-            # requests; everything the model counts is in the bill.
+            # GETs of minibatches not uploaded yet (polls) are billed on top of the
+            # replicas' own requests (the model has them in transfer_usd / poll_usd, in
+            # the layer cost, not in requests_per_replica); every request the replicas'
+            # accounting counts is in the bill.
             print(f"{'':9s} pipelined polls and routing: {bill.storage - warm_parts[2]:.3g} "
-                  "USD of store requests the model does not count")
+                  "USD of store requests beyond the replicas' own")
             assert bill.storage >= warm_parts[2] * (1 - 1e-9)
         else:
             # The model's two parameter GETs (skeleton, weights) per replica and batch: a
