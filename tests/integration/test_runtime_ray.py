@@ -106,7 +106,8 @@ def test_outputs_equal_the_monolithic_model(
     mask[1, 5:] = 0  # right padding, as the runner batches
     with Executor(dep, backend, store, platform) as ex:
         res = ex.run_batch(ids, mask, ["a", "b"])
-    assert (res.output - adapter.reference_forward(ids, mask)).abs().max() <= 1e-4
+    diff = ((res.output - adapter.reference_forward(ids, mask))[mask.bool()])
+    assert diff.abs().max() <= 1e-4  # real tokens (padding skips the experts)
     N, K = ids.numel(), adapter.top_k
     assert all(s.token_slots == N * K and s.method == method for s in res.layers)
     experts = [r for r in res.records if r.kind == "expert"]

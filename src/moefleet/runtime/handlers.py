@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from moefleet.models.base import ForwardContext
@@ -162,6 +163,11 @@ class _Segment:
             return
         x_ND = x_BTD.reshape(-1, x_BTD.shape[-1])
         ids_NK, w_NK = a.route(self.block, x_ND)
+        if fctx.attention_mask_BT is not None:
+            # Padding never reaches an expert (nor is billed): its slots become -1, which
+            # scatter.assign leaves out and scatter.gather sums as 0.
+            pad_N = fctx.attention_mask_BT.reshape(-1) == 0
+            ids_NK = ids_NK.masked_fill(pad_N[:, None], -1)
         out.update(residual_BTD=residual_BTD, x_BTD=x_BTD, ids_NK=ids_NK, w_NK=w_NK)
         if meta.get("scatter"):
             t0 = time.perf_counter()
@@ -204,7 +210,14 @@ class _Segment:
         parts = transfer.download_parts(store, shares, keys)
         info["gathered"] = [[s.label, s.size] for s in shares]
         x_ND = x_BTD.reshape(-1, x_BTD.shape[-1])
-        return scatter.gather(self.block, ids_NK.shape[0], ids_NK.shape[1], parts, x_ND)
+        return scatter.gather(self.block, ids_NK.shape[0], ids_NK.shape[1], parts, x_ND,
+                              skipped_NK(ids_NK))
+
+
+def skipped_NK(ids_NK: torch.Tensor) -> np.ndarray | None:
+    """Padding slots (-1, set by the gate) for :func:`scatter.gather`, or None."""
+    skip = ids_NK.detach().numpy() == -1
+    return skip if skip.any() else None
 
 
 def segment_handler(config: dict[str, Any], init: InitContext) -> Handler:
