@@ -211,7 +211,8 @@ def test_warm_pipelined_method_by_hand() -> None:
     assert est.feasible, est.violations
     assert est.cost_usd == pytest.approx(9.81e-5, rel=1e-4)
     assert est.compute_usd == pytest.approx(1.25e-5, rel=1e-4)
-    assert est.storage_usd == pytest.approx(5.76e-5)
+    assert est.storage_usd == pytest.approx(5.4e-5)  # the replica's own 10 PUT + 10 GET
+    assert est.poll_usd == pytest.approx(9 * 4e-7)  # the 9 empty asks
     assert est.layers[0].max_replica_s == pytest.approx(0.48)
     assert est.layers[0].latency_s == pytest.approx(0.58)
 
