@@ -33,6 +33,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -211,9 +212,8 @@ def figure14(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
     model = "minilm-moe-e8" if zoo.is_built("minilm-moe-e8") else "tiny-moe-lm"
     cfg = DemoConfig(model=model) if args.full else DemoConfig.quick(model=model)
-    work = args.out / "odsbo_fig14_demo"
-    work.mkdir(parents=True, exist_ok=True)
-    report = run_demo(cfg, work, say=lambda m: print(m, flush=True))
+    with tempfile.TemporaryDirectory(prefix="moefleet-fig14-") as work:  # plans, trace
+        report = run_demo(cfg, Path(work), say=lambda m: print(m, flush=True))
     out = {"figure": 14, "model": model, "full": args.full, "report": report}
 
     def draw(_ax: Any) -> None:
