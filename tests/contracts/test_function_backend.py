@@ -301,3 +301,32 @@ def test_reconfigure_scales_warm_and_resizes_cold(backend: FunctionBackend,
     assert spec.replicas == limits.max_replicas
     assert spec.concurrency == limits.max_concurrency_per_instance
     assert "clamped" in caplog.text
+
+
+def test_functions_invoke_functions_metered(backend: FunctionBackend) -> None:
+    """A main function calls an expert function through ``ctx.functions``; every nested
+    call is a record of the backend like a top-level one. Minimum slots everywhere (one
+    instance, concurrency 1, four concurrent nested calls): the main waiting on its expert
+    must not hold the slot the expert needs."""
+    inner = fn(backend, kind="expert", layer=0, experts=(1,))
+    outer = fn(backend, kind="main")
+    result = call(backend, outer, op="nested", target=inner, calls=4, inner={"op": "pid"})
+    meta = unpack(result.payload).meta
+    assert meta["functions"] == [inner] * 4 and sum(meta["cold"]) == 1
+    assert len(set(meta["pids"])) == 1  # one instance served all four, one at a time
+    recs = [r for r in backend.records() if r.function == inner]
+    assert len(recs) == 4 and all(r.kind == "expert" for r in recs)
+    main = result.record
+    assert main.kind == "main"
+    assert all(main.start_s <= r.start_s and r.end_s <= main.end_s + 1e-3 for r in recs)
+    assert _overlap([(r.start_s, r.end_s) for r in recs]) == 1
+
+
+def test_nested_errors_reach_the_caller_typed(backend: FunctionBackend) -> None:
+    outer = fn(backend, kind="main")
+    with pytest.raises(HandlerError, match="UnknownFunctionError.*no-such-fn"):
+        call(backend, outer, op="nested", target="no-such-fn", calls=1)
+    failing = fn(backend)
+    with pytest.raises(HandlerError, match="asked to fail") as info:
+        call(backend, outer, op="nested", target=failing, inner={"op": "fail"})
+    assert info.value.remote_type == "HandlerError"

@@ -63,6 +63,7 @@ import torch
 
 from moefleet.runtime.base import HandlerRef
 from moefleet.runtime.handlers import CallContext, InitContext, make_handler
+from moefleet.runtime.nested import ChannelFunctions
 from moefleet.runtime.stores import CountingStore, RetryingStore, build_store
 
 CONFIG = json.loads(os.environ["{config_var}"])
@@ -93,6 +94,19 @@ def _requests(counter):
     return stats.puts + stats.lists, stats.gets
 
 
+def _functions(context):
+    # Nested calls go back to the host that invoked this environment, when it offers a
+    # channel (the in-process invoker does); None otherwise.
+    channel = getattr(context, "moefleet_channel", None)
+    if channel is None:
+        return None
+    if _STATE.get("channel") is not channel:
+        _STATE["channel"] = channel
+        _STATE["functions"] = ChannelFunctions(channel.send, int(CONFIG["max_inline_bytes"]))
+        channel.on_reply = _STATE["functions"].deliver
+    return _STATE["functions"]
+
+
 def lambda_handler(event, context):
     phase = "run"
     try:
@@ -111,7 +125,7 @@ def lambda_handler(event, context):
             phase = "run"
         store, counter = _store()
         ctx = CallContext(CONFIG["function"], event.get("request_id"), store,
-                          int(CONFIG["max_inline_bytes"]))
+                          int(CONFIG["max_inline_bytes"]), _functions(context))
         start = time.time()
         out = bytes(_STATE["handler"](body, ctx))
         end = time.time()

@@ -38,6 +38,7 @@ from moefleet.platform import ObjectNotFoundError, ObjectStore
 from moefleet.runtime import scatter, weights
 from moefleet.runtime.base import HandlerRef
 from moefleet.runtime.errors import FunctionError, PayloadError
+from moefleet.runtime.nested import Invoker
 from moefleet.runtime.payload import (
     flatten_context,
     need,
@@ -69,12 +70,15 @@ class InitContext:
 
 @dataclass
 class CallContext:
-    """Per-invocation context; ``max_inline_bytes`` is the platform's payload limit."""
+    """Per-invocation context; ``max_inline_bytes`` is the platform's payload limit;
+    ``functions`` invokes other functions of the same backend (metered like top-level
+    calls, see :mod:`moefleet.runtime.nested`); None where the host offers no channel."""
 
     function: str
     request_id: str | None
     store: ObjectStore | None
     max_inline_bytes: int
+    functions: Invoker | None = None
 
 
 Handler = Callable[[bytes, CallContext], bytes]
@@ -329,7 +333,9 @@ def debug_handler(config: dict[str, Any], init: InitContext) -> Handler:
     exits at once), ``crash_once`` (exit unless ``flag`` file exists; creates it),
     ``fail`` (raise ValueError), ``store`` (``puts`` PUTs then GETs of one key), ``copy``
     (GET ``in``, PUT it as ``out``), ``big`` (return ``nbytes`` of tensor), ``alloc`` (hold
-    ``nbytes`` of touched memory for the call), ``spin`` (burn ``seconds`` of CPU), ``pid``."""
+    ``nbytes`` of touched memory for the call), ``spin`` (burn ``seconds`` of CPU), ``pid``,
+    ``nested`` (``calls`` concurrent ``ctx.functions`` calls of ``target`` with meta
+    ``inner``; returns their pids and whether each was cold)."""
     time.sleep(float(config.get("init_sleep_s", 0.0)))
     if config.get("init_fail"):
         raise ValueError(f"{init.function}: init_fail was set")
@@ -371,8 +377,27 @@ def debug_handler(config: dict[str, Any], init: InitContext) -> Handler:
             until = time.process_time() + float(meta["seconds"])
             while time.process_time() < until:
                 pass
+        elif op == "nested":  # ``calls`` concurrent calls of ``target``
+            return _nested_debug(meta, ctx)
         elif op != "pid":
             raise PayloadError(f"{ctx.function}: unknown debug op {op!r}", "see debug_handler")
         return pack(meta={"pid": os.getpid(), "op": op})
 
     return handle
+
+
+def _nested_debug(meta: Json, ctx: CallContext) -> bytes:
+    if ctx.functions is None:
+        raise FunctionError(f"{ctx.function}: this backend gives handlers no functions",
+                            "run it on the local, ray or aws backend")
+    functions = ctx.functions
+    body = pack(meta=dict(meta.get("inner", {"op": "pid"})))
+    calls = max(1, min(64, int(meta.get("calls", 1))))
+    with ThreadPoolExecutor(calls) as pool:
+        results = list(pool.map(
+            lambda _: functions.invoke(str(meta["target"]), body, request_id=ctx.request_id),
+            range(calls)))
+    return pack(meta={"pid": os.getpid(), "op": "nested",
+                      "pids": [unpack(r.payload).meta.get("pid") for r in results],
+                      "cold": [r.record.cold for r in results],
+                      "functions": [r.record.function for r in results]})

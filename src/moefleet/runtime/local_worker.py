@@ -7,7 +7,11 @@ pickled. Parent → worker headers: ``config`` (environment, sys.path, store), `
 instance is new, ``unload`` = instances to drop), ``unload``, ``stop``. Worker → parent:
 ``ready`` once, then per ``invoke`` a ``started`` note after a cold start (the handler's
 timeout runs from there) and one reply (``ok``, timings on the ``time.time()`` clock,
-storage request counts, or the error's type/message/hint/phase).
+storage request counts, or the error's type/message/hint/phase). During an invocation the
+handler may also send ``nested`` requests (``ctx.functions``: another function of the
+backend, :mod:`moefleet.runtime.nested`); the parent runs them and answers
+``nested_reply``. A reader thread takes every message off the pipe, so nested replies reach
+the handler while the main thread is inside it; all sends share one lock.
 
 A worker runs one invocation at a time (it is one CPU slot of the emulated node) and may
 host many function instances (their weights stay in its memory until unloaded). With
@@ -20,8 +24,10 @@ from __future__ import annotations
 import gc
 import json
 import os
+import queue
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -62,6 +68,15 @@ class _Worker:
         self._store: ObjectStore | None = None
         self.limits = bool(config.get("limits", False))
         self.base_rss = rss_bytes()  # the runtime footprint: nothing loaded yet
+        self._send_lock = threading.Lock()
+        from moefleet.runtime.nested import ChannelFunctions
+
+        self.functions = ChannelFunctions(self.send, self.max_inline)
+
+    def send(self, header: dict[str, Any], body: bytes = b"") -> None:
+        """Thread-safe send (replies, ``started`` notes and nested requests share it)."""
+        with self._send_lock:
+            send_msg(self.conn, header, body)
 
     def base_store(self) -> ObjectStore | None:
         # One client per process, like a boto3 client reused across a container's calls.
@@ -119,12 +134,13 @@ class _Worker:
                     st = counter.stats()
                     reply.update(puts=st.puts + st.lists, gets=st.gets)
                 # The handler's timeout starts now, not when the cold start began.
-                send_msg(self.conn, {"op": "started", "call": header["call"]})
+                self.send({"op": "started", "call": header["call"]})
             phase = "run"
             inst = self.instances[iid]
             torch.set_num_threads(inst.threads)
             store, counter = self.caller_store()
-            ctx = CallContext(inst.function, header.get("request_id"), store, self.max_inline)
+            ctx = CallContext(inst.function, header.get("request_id"), store, self.max_inline,
+                              self.functions)
             meter = Meter() if self.limits else None
             reply["start"] = time.time()
             try:
@@ -170,12 +186,28 @@ def worker_main(conn: Connection, slot: int) -> None:
         if path not in sys.path:
             sys.path.insert(0, path)
     worker = _Worker(conn, header)
-    send_msg(conn, {"op": "ready", "pid": os.getpid(), "slot": slot})
+    worker.send({"op": "ready", "pid": os.getpid(), "slot": slot})
+    inbox: queue.SimpleQueue[tuple[dict[str, Any], bytes] | None] = queue.SimpleQueue()
+
+    def read() -> None:
+        while True:
+            try:
+                msg = recv_msg(conn)
+            except (EOFError, OSError):
+                inbox.put(None)  # the parent went away: nothing left to serve
+                worker.functions.fail_all()
+                return
+            if msg[0].get("op") == "nested_reply":
+                worker.functions.deliver(*msg)
+            else:
+                inbox.put(msg)
+
+    threading.Thread(target=read, daemon=True, name="moefleet-worker-reader").start()
     while True:
-        try:
-            header, body = recv_msg(conn)
-        except (EOFError, OSError):
-            return  # the parent went away: nothing left to serve
+        item = inbox.get()
+        if item is None:
+            return
+        header, body = item
         worker.unload(header.get("unload", []))
         op = header.get("op")
         if op == "stop":
@@ -183,6 +215,6 @@ def worker_main(conn: Connection, slot: int) -> None:
         if op == "invoke":
             reply, out = worker.invoke(header, body)
             try:
-                send_msg(conn, reply, out)
+                worker.send(reply, out)
             except (EOFError, OSError):
                 return
