@@ -38,6 +38,7 @@ from moefleet.platform import ObjectNotFoundError, ObjectStore
 from moefleet.runtime import scatter, weights
 from moefleet.runtime.base import HandlerRef
 from moefleet.runtime.errors import FunctionError, PayloadError
+from moefleet.runtime.messages import Warm, decode, encode
 from moefleet.runtime.nested import Invoker
 from moefleet.runtime.payload import (
     flatten_context,
@@ -262,6 +263,8 @@ class _Expert:
     def __call__(self, payload: bytes, ctx: CallContext) -> bytes:
         packet = unpack(payload)
         meta = packet.meta
+        if meta.get("kind") == Warm.KIND:  # the cold start is all it asks for
+            return pack(meta=encode(decode(meta, Warm)))
         mode, expert = meta["mode"], int(meta["expert"])
         if mode == "direct":
             resolve(packet, ctx.store)
