@@ -132,3 +132,54 @@ def run_remoe(dep: Deployment, backend: FunctionBackend, platform: PlatformSpec,
         "cost_usd": {"total": total, **parts},
         "tokens": {r.request_id: list(r.tokens) for r in results},
     }
+
+
+def reference_tokens(adapter: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """The monolithic model's greedy tokens (in process, every expert local)."""
+    from moefleet.engine.engine import Engine
+    from moefleet.engine.request import SamplingParams
+    from moefleet.engine.runner import LocalRunner
+
+    outs = Engine(LocalRunner(adapter), eos_token_id=None).generate(
+        prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+    return [o.new_token_ids for o in outs]
+
+
+def run_remoe_plan(source: Any, prompts: list[list[int]], *, platform: PlatformSpec,
+                   store: Any, adapter: Any = None, backend: str = "local",
+                   backend_options: dict[str, Any] | None = None, max_tokens: int = 16,
+                   batch_size: int = 8, check: bool = True) -> dict[str, Any]:
+    """Deploy (a plan; or take a ``Deployment``), create its functions, :func:`run_remoe`,
+    compare with the monolithic model when ``check`` (needs ``adapter``), tear down.
+    Whatever happens, the backend is torn down and weights this call uploaded removed."""
+    from moefleet.plan import DeploymentPlan
+    from moefleet.runtime.base import create_backend
+    from moefleet.runtime.deploy import install, remove_objects
+    from moefleet.runtime.session import deploy
+
+    if isinstance(source, DeploymentPlan):
+        if adapter is None:
+            raise MoefleetError("deploying a plan needs its model",
+                                "pass adapter=load_adapter(plan.model)")
+        dep, owned = deploy(source, adapter, platform, store, backend_name=backend), True
+    else:
+        dep, owned = source, False
+    fb = None
+    try:
+        fb = create_backend(dep.backend, platform, store=dep.store, **(backend_options or {}))
+        install(dep, fb)
+        summary = run_remoe(dep, fb, platform, prompts, max_tokens=max_tokens,
+                            batch_size=batch_size)
+    finally:
+        try:
+            if fb is not None:
+                fb.teardown()
+        finally:
+            if owned:
+                remove_objects(dep, store)
+    summary["backend"] = dep.backend
+    if check and adapter is not None:
+        ref = reference_tokens(adapter, prompts, max_tokens)
+        got = list(summary["tokens"].values())
+        summary["tokens_match_monolithic"] = got == ref
+    return summary
