@@ -303,17 +303,11 @@ def test_reconfigure_scales_warm_and_resizes_cold(backend: FunctionBackend,
     assert "clamped" in caplog.text
 
 
-def _needs_nested(backend: FunctionBackend) -> None:
-    if backend.name == "ray":  # replicas have no channel back to the driver yet
-        pytest.skip("ray: ctx.functions is not implemented on the ray backend yet")
-
-
 def test_functions_invoke_functions_metered(backend: FunctionBackend) -> None:
     """A main function calls an expert function through ``ctx.functions``; every nested
     call is a record of the backend like a top-level one. Minimum slots everywhere (one
     instance, concurrency 1, four concurrent nested calls): the main waiting on its expert
     must not hold the slot the expert needs."""
-    _needs_nested(backend)
     inner = fn(backend, kind="expert", layer=0, experts=(1,))
     outer = fn(backend, kind="main")
     result = call(backend, outer, op="nested", target=inner, calls=4, inner={"op": "pid"})
@@ -329,7 +323,6 @@ def test_functions_invoke_functions_metered(backend: FunctionBackend) -> None:
 
 
 def test_nested_errors_reach_the_caller_typed(backend: FunctionBackend) -> None:
-    _needs_nested(backend)
     outer = fn(backend, kind="main")
     with pytest.raises(HandlerError, match="UnknownFunctionError.*no-such-fn"):
         call(backend, outer, op="nested", target="no-such-fn", calls=1)

@@ -148,10 +148,12 @@ def reference_tokens(adapter: Any, prompts: list[list[int]], max_tokens: int) ->
 def run_remoe_plan(source: Any, prompts: list[list[int]], *, platform: PlatformSpec,
                    store: Any, adapter: Any = None, backend: str = "local",
                    backend_options: dict[str, Any] | None = None, max_tokens: int = 16,
-                   batch_size: int = 8, check: bool = True) -> dict[str, Any]:
+                   batch_size: int = 8, check: bool = True,
+                   cold_repeats: int = 0) -> dict[str, Any]:
     """Deploy (a plan; or take a ``Deployment``), create its functions, :func:`run_remoe`,
-    compare with the monolithic model when ``check`` (needs ``adapter``), tear down.
-    Whatever happens, the backend is torn down and weights this call uploaded removed."""
+    compare with the monolithic model when ``check`` (needs ``adapter``), then
+    ``cold_repeats`` more cold starts (every function redeployed: a new version starts
+    cold), tear down. Whatever happens, the backend is torn down and weights this call uploaded removed."""
     from moefleet.plan import DeploymentPlan
     from moefleet.runtime.base import create_backend
     from moefleet.runtime.deploy import install, remove_objects
@@ -170,6 +172,11 @@ def run_remoe_plan(source: Any, prompts: list[list[int]], *, platform: PlatformS
         install(dep, fb)
         summary = run_remoe(dep, fb, platform, prompts, max_tokens=max_tokens,
                             batch_size=batch_size)
+        repeats = [summary["cold_start"]]
+        for _ in range(max(0, min(cold_repeats, 20))):
+            install(dep, fb)
+            repeats.append(start_all(dep, fb))
+        summary["cold_start_repeats"] = repeats
     finally:
         try:
             if fb is not None:

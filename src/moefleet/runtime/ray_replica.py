@@ -8,12 +8,14 @@ as it moves any ``str``/``bytes``, nothing of ours is pickled.
 Request header: ``generation`` (the function's deploy version), ``function``,
 ``request_id``, ``memory_mb``, ``threads`` (torch threads), ``handler``
 (``{factory, config}``), ``timeout_s``, ``init_timeout_s``, ``keep_alive_s``,
-``max_inline_bytes``. Reply header: ``status`` — ``ok``; ``error`` (the handler raised:
+``max_inline_bytes``, and for main functions ``nested`` (the function table their
+``ctx.functions`` calls through, :mod:`moefleet.runtime.ray_call`). Reply header: ``status`` — ``ok``; ``error`` (the handler raised:
 ``phase``, ``type``, ``message``, ``hint``); ``timeout`` (the handler ran past its timeout;
 ``actor`` names this replica so the caller can stop it); ``stopping`` (this replica is
 about to be stopped and took no work); ``too_large`` (the response is over
 ``max_inline_bytes``, ``nbytes`` says by how much, the body is not sent) — plus the record
-fields ``cold``, ``init_s``, ``start``, ``end`` (``time.time()``), ``puts``, ``gets``.
+fields ``cold``, ``init_s``, ``start``, ``end`` (``time.time()``), ``puts``, ``gets``, and
+``nested_records`` (the records of the calls a main function made).
 
 Invariants: the handler is built by ``HandlerRef.factory`` on the first request of a
 generation (a cold start, timed into ``init_s``); a request of another generation (the
@@ -156,8 +158,13 @@ class FunctionReplica:
         from moefleet.runtime.handlers import CallContext
 
         store, counter = self._caller_store()
+        functions = None
+        if h.get("nested") is not None:  # a main function: it calls the others itself
+            from moefleet.runtime.ray_call import RayFunctions
+
+            functions = RayFunctions(h["nested"])
         ctx = CallContext(h["function"], h.get("request_id"), store,
-                          int(h["max_inline_bytes"]))
+                          int(h["max_inline_bytes"]), functions)
         handler = self._handler
 
         def call() -> tuple[float, float, bytes]:
@@ -173,7 +180,12 @@ class FunctionReplica:
             return json.dumps({"status": "timeout", "phase": "run",
                                "actor": self._actor_name()}), b""
         except Exception as err:
-            return json.dumps(_error("run", err)), b""
+            error = _error("run", err)
+            if functions is not None:  # its nested calls ran (and are billed) all the same
+                error["nested_records"] = functions.drain()
+            return json.dumps(error), b""
+        if functions is not None:
+            reply["nested_records"] = functions.drain()
         if counter is not None:
             st = counter.stats()
             reply["puts"] += st.puts + st.lists
