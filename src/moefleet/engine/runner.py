@@ -60,6 +60,9 @@ class LocalRunner:
                 "generate with a decoder model, e.g. tiny-moe-lm")
         self.adapter = adapter
         self.experts = experts or local_experts(adapter, kernel)
+        # An ExpertFn that attributes work (RemoteExperts) learns whose each token row is:
+        # the owners are sequence ids (str), in the order rows reach the ExpertFn.
+        self._set_owners = getattr(self.experts, "set_owners", None)
         context = int(getattr(getattr(adapter.model, "config", None),
                               "max_position_embeddings", 2048) or 2048)
         self.max_model_len = min(max_model_len or context, context)
@@ -97,6 +100,8 @@ class LocalRunner:
                 [r.seq_id for r in sub], [r.token_ids for r in sub], [r.start for r in sub],
                 logits="all" if want_all else "last", all_rows=want_all,
                 device=self.adapter.device)
+            if self._set_owners is not None:  # remote experts bill each token's sequence
+                self._set_owners([str(r.seq_id) for r in sub for _ in r.token_ids])
             t0 = time.perf_counter()
             res = self.adapter.forward_step(step, self.cache, self.experts)
             forward_s += time.perf_counter() - t0

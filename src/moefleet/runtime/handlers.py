@@ -22,7 +22,6 @@ sums, and checks every token-slot arrives exactly once (:func:`scatter.gather`).
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from collections.abc import Callable
@@ -35,7 +34,7 @@ import torch
 
 from moefleet.models.base import ForwardContext
 from moefleet.platform import ObjectNotFoundError, ObjectStore
-from moefleet.runtime import scatter, weights
+from moefleet.runtime import scatter, transfer, weights
 from moefleet.runtime.base import HandlerRef
 from moefleet.runtime.errors import FunctionError, PayloadError
 from moefleet.runtime.messages import Warm, decode, encode
@@ -51,7 +50,6 @@ from moefleet.runtime.payload import (
 )
 from moefleet.runtime.stores import import_callable
 
-_IO_THREADS = 8  # parallel object-store requests of one function (S3 clients do the same)
 _WAIT_S = 120.0  # how long a pipelined expert waits for a minibatch the gate uploads
 MB = 1024 * 1024
 Tensors = dict[str, torch.Tensor]
@@ -183,18 +181,9 @@ class _Segment:
             # Routing first: the coordinator starts the experts on it, and each expert
             # computes its first minibatch while this gate still uploads the rest.
             store.put(scatter.route_key(spec["prefix"], self.block), pack({"ids_NK": ids_NK}))
-        per_share: list[list[tuple[str, bytes]]] = []
-        for share in scatter.assign(self.block, ids_NK, spec["replicas"]):
-            beta = scatter.object_beta(spec["method"], spec["beta"], share.size)
-            in_keys, _ = scatter.share_keys(spec["prefix"], share, beta)
-            x_nD, w_n = scatter.share_inputs(share, x_ND, w_NK)
-            per_share.append([(key, pack({"x": x_nD[s:e], "w": w_n[s:e]})) for key, (s, e)
-                              in zip(in_keys, scatter.minibatches(share.size, beta),
-                                     strict=True)])
-        # Minibatch-major order: every replica's first minibatch goes up first.
-        jobs = [job for wave in itertools.zip_longest(*per_share) for job in wave if job]
-        with ThreadPoolExecutor(min(_IO_THREADS, max(1, len(jobs)))) as pool:
-            list(pool.map(lambda job: store.put(*job), jobs))
+        shares = scatter.assign(self.block, ids_NK, spec["replicas"])
+        transfer.upload_shares(store, spec["prefix"], spec["method"], spec["beta"], shares,
+                               x_ND, w_NK)
 
     def _post(self, t: Tensors, meta: Json, out: Tensors, info: Json, ctx: CallContext) -> None:
         a = self.adapter
@@ -216,17 +205,8 @@ class _Segment:
                 ctx: CallContext) -> torch.Tensor:
         store = _require_store(ctx.store, self.function)
         shares = scatter.assign(self.block, ids_NK, spec["replicas"])
-        keys = []
-        for share in shares:
-            beta = scatter.object_beta(spec["method"], spec["beta"], share.size)
-            keys.append(scatter.share_keys(spec["prefix"], share, beta)[1])
-        flat = [k for ks in keys for k in ks]
-        with ThreadPoolExecutor(min(_IO_THREADS, max(1, len(flat)))) as pool:
-            blobs = dict(zip(flat, pool.map(store.get, flat), strict=True))
-        parts = [
-            (share, torch.cat([need(unpack(blobs[k]), "y")[0] for k in ks]))
-            for share, ks in zip(shares, keys, strict=True)
-        ]
+        keys = transfer.output_keys(spec["prefix"], spec["method"], spec["beta"], shares)
+        parts = transfer.download_parts(store, shares, keys)
         info["gathered"] = [[s.label, s.size] for s in shares]
         x_ND = x_BTD.reshape(-1, x_BTD.shape[-1])
         return scatter.gather(self.block, ids_NK.shape[0], ids_NK.shape[1], parts, x_ND)
@@ -265,11 +245,24 @@ class _Expert:
         meta = packet.meta
         if meta.get("kind") == Warm.KIND:  # the cold start is all it asks for
             return pack(meta=encode(decode(meta, Warm)))
-        mode, expert = meta["mode"], int(meta["expert"])
+        mode = meta["mode"]
         if mode == "direct":
             resolve(packet, ctx.store)
             x_nD, w_n = need(packet, "x", "w")
-            return pack({"y": self._run(expert, x_nD, w_n)})
+            # Several experts of a group function in one call: "experts" = [[id, rows]...],
+            # their rows consecutive in x (RemoteExperts merges a replica's shares).
+            runs = meta.get("experts") or [[meta["expert"], x_nD.shape[0]]]
+            if sum(int(n) for _, n in runs) != x_nD.shape[0]:
+                raise PayloadError(f"{self.function}: experts {runs} cover "
+                                   f"{sum(int(n) for _, n in runs)} of {x_nD.shape[0]} rows",
+                                   "the caller must give one row count per expert")
+            ys, start = [], 0
+            for e, n in runs:
+                ys.append(self._run(int(e), x_nD[start:start + int(n)],
+                                    w_n[start:start + int(n)]))
+                start += int(n)
+            return pack({"y": torch.cat(ys) if ys else x_nD[:0]})
+        expert = int(meta["expert"])
         store = _require_store(ctx.store, self.function)
         in_keys, out_keys = meta["in_keys"], meta["out_keys"]
         if len(in_keys) != len(out_keys) or not in_keys:

@@ -49,18 +49,24 @@ class Share:
 
 
 def assign(layer: int, ids_NK: torch.Tensor, replicas: list[int]) -> list[Share]:
-    """Shares of one MoE layer: experts in order, replicas in order, non-empty only."""
+    """Shares of one MoE layer: experts in order, replicas in order, non-empty only.
+
+    A slot whose id is -1 belongs to nobody here (a caller keeps that expert elsewhere,
+    e.g. local in Remoe's main function): it is in no share, and :func:`gather` expects
+    it to stay empty."""
     num_experts = len(replicas)
     flat = ids_NK.detach().reshape(-1).to(torch.int64).numpy()
-    if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= num_experts):
+    mine = np.flatnonzero(flat != -1)
+    vals = flat[mine]
+    if vals.size and (int(vals.min()) < 0 or int(vals.max()) >= num_experts):
         raise GatherError(
-            f"layer {layer}: routed expert ids span {int(flat.min())}..{int(flat.max())}"
+            f"layer {layer}: routed expert ids span {int(vals.min())}..{int(vals.max())}"
             f" but the layer has {num_experts} experts",
             "the deployment does not match the model; redeploy",
         )
     K = ids_NK.shape[1]
-    order = np.argsort(flat, kind="stable")
-    counts = np.bincount(flat, minlength=num_experts).tolist()
+    order = mine[np.argsort(vals, kind="stable")]
+    counts = np.bincount(vals, minlength=num_experts).tolist()
     shares: list[Share] = []
     start = 0
     for e, d in enumerate(counts):
@@ -113,12 +119,13 @@ def share_inputs(
 
 def gather(
     layer: int, num_tokens: int, top_k: int, parts: list[tuple[Share, torch.Tensor]],
-    like_ND: torch.Tensor,
+    like_ND: torch.Tensor, skipped_NK: np.ndarray | None = None,
 ) -> torch.Tensor:
     """y_ND = sum over parts of their (already gate-weighted) rows, checking coverage.
 
     Each part's rows land in their (token, slot) cell of an N x K x D buffer, then the K
-    slots are summed: exactly-once coverage makes the cell writes collision-free."""
+    slots are summed: exactly-once coverage makes the cell writes collision-free. Slots
+    marked in ``skipped_NK`` (ids of -1, see :func:`assign`) must stay empty and add 0."""
     D = like_ND.shape[-1]
     dtype = like_ND.detach().numpy().dtype
     cells = np.zeros((num_tokens * top_k, D), dtype=dtype)
@@ -133,16 +140,19 @@ def gather(
         flat = share.tokens_n * top_k + share.slots_n
         np.add.at(seen, flat, 1)
         cells[flat] = y_nD.detach().numpy().astype(dtype, copy=False)
-    check_coverage(layer, seen, top_k)
+    check_coverage(layer, seen, top_k,
+                   None if skipped_NK is None else skipped_NK.reshape(-1))
     return torch.from_numpy(cells.reshape(num_tokens, top_k, D).sum(axis=1))
 
 
-def check_coverage(layer: int, seen: np.ndarray, top_k: int) -> None:
-    """Raise unless every (token, slot) was counted exactly once."""
-    bad = np.flatnonzero(seen != 1)
+def check_coverage(layer: int, seen: np.ndarray, top_k: int,
+                   skipped: np.ndarray | None = None) -> None:
+    """Raise unless every (token, slot) was counted exactly once (skipped ones: never)."""
+    want = np.ones_like(seen) if skipped is None else (~skipped.astype(bool)).astype(seen.dtype)
+    bad = np.flatnonzero(seen != want)
     if bad.size:
-        missing = int((seen == 0).sum())
-        dup = int((seen > 1).sum())
+        missing = int(((seen == 0) & (want == 1)).sum())
+        dup = int((seen > want).sum())
         first = int(bad[0])
         raise GatherError(
             f"layer {layer}: {missing} token-slot(s) never gathered and {dup} gathered "

@@ -30,6 +30,7 @@ from moefleet.platform import ObjectStore, PlatformSpec
 from moefleet.runtime.base import FunctionBackend, create_backend, validate_spec
 from moefleet.runtime.deploy import Deployment, deploy_plan, install, remove_objects
 from moefleet.runtime.executor import BatchResult, Executor
+from moefleet.runtime.remote_experts import RemoteExperts
 from moefleet.runtime.runner import Batch, run_workload
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,13 @@ class Session:
     deployment: Deployment
     backend: FunctionBackend
     executor: Executor
+    store: ObjectStore | None = None
+
+    def remote_experts(self, *, max_parallel: int = 16) -> RemoteExperts:
+        """An ``ExpertFn`` over this deployment's expert functions, for a layer loop that
+        runs here (the engine): the caller closes it."""
+        return RemoteExperts(self.deployment, self.backend, self.store,
+                             max_parallel=max_parallel)
 
     def run_batch(self, ids_BT: Any, mask_BT: Any, request_ids: list[str]) -> BatchResult:
         return self.executor.run_batch(ids_BT, mask_BT, request_ids)
@@ -88,7 +96,7 @@ def open_deployment(
         fb = create_backend(dep.backend, platform, **options)
         install(dep, fb)
         with Executor(dep, fb, store, platform) as executor:
-            yield Session(dep, fb, executor)
+            yield Session(dep, fb, executor, store)
     finally:
         try:
             if fb is not None:
