@@ -324,7 +324,7 @@ def test_functions_invoke_functions_metered(backend: FunctionBackend) -> None:
 
 def test_nested_errors_reach_the_caller_typed(backend: FunctionBackend) -> None:
     outer = fn(backend, kind="main")
-    with pytest.raises(HandlerError, match="UnknownFunctionError.*no-such-fn"):
+    with pytest.raises(HandlerError, match=r"UnknownFunctionError.*no-such-fn"):
         call(backend, outer, op="nested", target="no-such-fn", calls=1)
     failing = fn(backend)
     with pytest.raises(HandlerError, match="asked to fail") as info:

@@ -18,7 +18,6 @@ local experts run here while its remote experts run in the layer's group functio
 from __future__ import annotations
 
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 

@@ -153,7 +153,8 @@ def run_remoe_plan(source: Any, prompts: list[list[int]], *, platform: PlatformS
     """Deploy (a plan; or take a ``Deployment``), create its functions, :func:`run_remoe`,
     compare with the monolithic model when ``check`` (needs ``adapter``), then
     ``cold_repeats`` more cold starts (every function redeployed: a new version starts
-    cold), tear down. Whatever happens, the backend is torn down and weights this call uploaded removed."""
+    cold), tear down. Whatever happens, the backend is torn down and the weights this
+    call uploaded are removed."""
     from moefleet.plan import DeploymentPlan
     from moefleet.runtime.base import create_backend
     from moefleet.runtime.deploy import install, remove_objects

@@ -16,14 +16,17 @@ and the fix, never a ``KeyError`` from deep inside a handler.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 import types
-import typing
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from dataclasses import dataclass
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints, overload
 
 from moefleet.runtime.errors import PayloadError
 
 T = TypeVar("T")
+A = TypeVar("A")
+B = TypeVar("B")
+C = TypeVar("C")
+D = TypeVar("D")
 _KINDS: dict[str, type[Any]] = {}
 
 
@@ -112,7 +115,18 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
                        f"send a {hint.__name__}")
 
 
-def decode(meta: dict[str, Any], *accepted: type[T]) -> T:
+@overload
+def decode(meta: dict[str, Any], a: type[A], /) -> A: ...
+@overload
+def decode(meta: dict[str, Any], a: type[A], b: type[B], /) -> A | B: ...
+@overload
+def decode(meta: dict[str, Any], a: type[A], b: type[B], c: type[C], /) -> A | B | C: ...
+@overload
+def decode(meta: dict[str, Any], a: type[A], b: type[B], c: type[C], d: type[D], /
+           ) -> A | B | C | D: ...
+
+
+def decode(meta: dict[str, Any], *accepted: type[Any]) -> Any:
     """The message ``meta`` encodes; its kind must be one of ``accepted``."""
     if not isinstance(meta, dict):
         raise PayloadError(f"message meta must be an object, got {type(meta).__name__}",
@@ -124,7 +138,7 @@ def decode(meta: dict[str, Any], *accepted: type[T]) -> T:
                            f"{', '.join(names)}", "send one of the accepted kinds")
     cls = accepted[names.index(kind)]
     hints = get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     extra = sorted(set(meta) - set(fields) - {"kind"})
     if extra:
         raise PayloadError(f"{kind}: unknown fields {extra}", f"known: {sorted(fields)}")
@@ -136,7 +150,7 @@ def decode(meta: dict[str, Any], *accepted: type[T]) -> T:
             continue
         values[name] = _convert(meta[name], hints[name], f"{kind}.{name}")
     try:
-        return typing.cast(T, cls(**values))
+        return cls(**values)
     except (ValueError, TypeError) as err:
         raise PayloadError(f"{kind}: {err}", "fix the message") from err
 

@@ -111,7 +111,8 @@ class ChannelFunctions:
     """The invoker a handler sees as ``ctx.functions`` (instance side; see module doc).
 
     ``send(header, body)`` writes one request to the host and must be thread-safe (the
-    channel is shared with the instance's own replies); the channel's reader calls :meth:`deliver` with each
+    channel is shared with the instance's own replies); the channel's reader calls
+    :meth:`deliver` with each
     ``nested_reply``; :meth:`fail_all` ends every waiting call when the channel closes."""
 
     def __init__(self, send: Send, max_inline_bytes: int, *, timeout_s: float = 900.0) -> None:

@@ -35,7 +35,6 @@ HTTP proxy and no dashboard are started (handles only).
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import sys

@@ -9,7 +9,8 @@ Request header: ``generation`` (the function's deploy version), ``function``,
 ``request_id``, ``memory_mb``, ``threads`` (torch threads), ``handler``
 (``{factory, config}``), ``timeout_s``, ``init_timeout_s``, ``keep_alive_s``,
 ``max_inline_bytes``, and for main functions ``nested`` (the function table their
-``ctx.functions`` calls through, :mod:`moefleet.runtime.ray_call`). Reply header: ``status`` — ``ok``; ``error`` (the handler raised:
+``ctx.functions`` calls through, :mod:`moefleet.runtime.ray_call`). Reply header:
+``status`` — ``ok``; ``error`` (the handler raised:
 ``phase``, ``type``, ``message``, ``hint``); ``timeout`` (the handler ran past its timeout;
 ``actor`` names this replica so the caller can stop it); ``stopping`` (this replica is
 about to be stopped and took no work); ``too_large`` (the response is over
