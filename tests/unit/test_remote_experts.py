@@ -19,11 +19,11 @@ from moefleet.models.tiny import tiny_model
 from moefleet.plan import DeploymentPlan
 from moefleet.platform import LocalObjectStore, PlatformSpec, load_platform
 from moefleet.runtime import GatherError
-from moefleet.runtime.deploy import Deployment, deploy_plan
 from moefleet.runtime.calls import ExpertDirect
-from moefleet.runtime.messages import encode
+from moefleet.runtime.deploy import Deployment, deploy_plan
 from moefleet.runtime.handlers import CallContext, InitContext, expert_handler
 from moefleet.runtime.local import LocalBackend
+from moefleet.runtime.messages import encode
 from moefleet.runtime.payload import pack, unpack
 from moefleet.runtime.remote_experts import RemoteExperts
 

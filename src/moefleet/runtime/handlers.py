@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +36,6 @@ import torch
 from moefleet.models.base import ForwardContext
 from moefleet.platform import ObjectNotFoundError, ObjectStore
 from moefleet.runtime import scatter, transfer, weights
-from moefleet.runtime.base import HandlerRef
 from moefleet.runtime.calls import (
     ExpertDirect,
     ExpertPipelined,
@@ -48,8 +45,8 @@ from moefleet.runtime.calls import (
     Transfer,
 )
 from moefleet.runtime.errors import FunctionError, PayloadError
+from moefleet.runtime.host import CallContext, Handler, InitContext, make_handler
 from moefleet.runtime.messages import Warm, decode, encode
-from moefleet.runtime.nested import Invoker
 from moefleet.runtime.payload import (
     flatten_context,
     need,
@@ -59,7 +56,6 @@ from moefleet.runtime.payload import (
     unflatten_context,
     unpack,
 )
-from moefleet.runtime.stores import import_callable
 
 _WAIT_S = 120.0  # how long a pipelined expert waits for a minibatch the gate uploads
 MB = 1024 * 1024
@@ -67,38 +63,10 @@ Tensors = dict[str, torch.Tensor]
 Json = dict[str, Any]
 
 
-@dataclass
-class InitContext:
-    """Cold-start context: the instance's function, memory and thread budget, and a store
-    (requests made here are billed to the cold invocation)."""
-
-    function: str
-    memory_mb: int
-    threads: int
-    store: ObjectStore | None
-
-
-@dataclass
-class CallContext:
-    """Per-invocation context; ``max_inline_bytes`` is the platform's payload limit;
-    ``functions`` invokes other functions of the same backend (metered like top-level
-    calls, see :mod:`moefleet.runtime.nested`); None where the host offers no channel."""
-
-    function: str
-    request_id: str | None
-    store: ObjectStore | None
-    max_inline_bytes: int
-    functions: Invoker | None = None
-
-
-Handler = Callable[[bytes, CallContext], bytes]
-
-
-def make_handler(ref: HandlerRef, init: InitContext) -> Handler:
-    """Import and call the factory named by ``ref``."""
-    factory = import_callable(ref.factory, FunctionError)
-    handler: Handler = factory(dict(ref.config), init)
-    return handler
+# The instance-side types live in the host (one for every backend); re-exported here for
+# handler authors, who import them from this module.
+__all__ = ["CallContext", "Handler", "InitContext", "debug_handler", "expert_handler",
+           "make_handler", "segment_handler"]
 
 
 def _require_store(store: ObjectStore | None, function: str) -> ObjectStore:

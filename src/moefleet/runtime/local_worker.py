@@ -50,7 +50,7 @@ def recv_msg(conn: Connection) -> tuple[dict[str, Any], bytes]:
 
 @dataclass
 class _Instance:
-    handler: Any
+    host: Any  # moefleet.runtime.host.Instance (imported lazily: torch)
     function: str
     threads: int
     memory_mb: int = 0
@@ -102,10 +102,8 @@ class _Worker:
             trim_heap()
 
     def invoke(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
-        import torch
-
         from moefleet.runtime.base import HandlerRef
-        from moefleet.runtime.handlers import CallContext, InitContext, make_handler
+        from moefleet.runtime.host import HostError, Instance, error_reply
 
         reply: dict[str, Any] = {"call": header["call"], "cold": False, "init_s": 0.0,
                                  "puts": 0, "gets": 0}
@@ -116,56 +114,41 @@ class _Worker:
                 load = header.get("load")
                 if load is None:
                     raise RuntimeError(f"instance {iid} is not loaded on this worker")
-                t0 = time.time()
                 meter = Meter() if self.limits else None
-                torch.set_num_threads(int(header["threads"]))
-                store, counter = self.caller_store()
-                init = InitContext(load["function"], int(load["memory_mb"]),
-                                   int(header["threads"]), store)
-                handler = make_handler(HandlerRef(**load["handler"]), init)
-                inst = _Instance(handler, load["function"], int(header["threads"]),
+                host = Instance(load["function"], int(load["memory_mb"]),
+                                int(header["threads"]), HandlerRef(**load["handler"]),
+                                self.caller_store, self.max_inline)
+                cold = host.start()
+                inst = _Instance(host, load["function"], int(header["threads"]),
                                  int(load["memory_mb"]), float(header.get("vcpus") or 1.0))
                 if meter is not None:
                     inst.charged = meter.growth()
                     self._check_memory(inst, inst.charged, "init")
                 self.instances[iid] = inst
-                reply.update(cold=True, init_s=time.time() - t0)
-                if counter is not None:
-                    st = counter.stats()
-                    reply.update(puts=st.puts + st.lists, gets=st.gets)
+                reply.update(cold=True, init_s=cold.init_s, puts=cold.puts, gets=cold.gets)
                 # The handler's timeout starts now, not when the cold start began.
                 self.send({"op": "started", "call": header["call"]})
             phase = "run"
             inst = self.instances[iid]
-            torch.set_num_threads(inst.threads)
-            store, counter = self.caller_store()
-            ctx = CallContext(inst.function, header.get("request_id"), store, self.max_inline,
-                              self.functions)
             meter = Meter() if self.limits else None
-            reply["start"] = time.time()
-            try:
-                out = inst.handler(body, ctx)
-            finally:
-                reply["end"] = time.time()  # a failed call lasted too (billing)
+            res = inst.host.call(body, header.get("request_id"), self.functions)
+            reply.update(start=res.start, end=res.end)
             if meter is not None:
                 reply["memory_bytes"] = self.base_rss + inst.charged + meter.growth()
                 self._check_memory(inst, meter.growth() + inst.charged, "run")
                 reply["cpu_stretch_s"] = meter.stretch_to_share(inst.vcpus)
                 reply["end"] = time.time()
-            if counter is not None:
-                st = counter.stats()
-                reply["puts"] += st.puts + st.lists
-                reply["gets"] += st.gets
+            reply["puts"] += res.puts
+            reply["gets"] += res.gets
             reply["ok"] = True
-            return reply, bytes(out)
+            return reply, res.out
         except Exception as err:  # reported to the caller, never kills the worker
+            if isinstance(err, HostError):
+                phase, err = err.phase, err.error  # type: ignore[assignment]
             if isinstance(err, OutOfMemoryError):
                 self.unload([iid])  # the platform drops an instance that ran out of memory
-            reply.update(ok=False, phase=phase, type=type(err).__name__,
-                         message=getattr(err, "message", None) or str(err) or repr(err),
-                         hint=getattr(err, "hint", ""))
+            reply.update(ok=False, **error_reply(phase, err))
             return reply, b""
-
 
     def _check_memory(self, inst: _Instance, own: int, phase: str) -> None:
         used = self.base_rss + own

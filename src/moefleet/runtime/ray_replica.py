@@ -75,20 +75,15 @@ class FunctionReplica:
 
     # -- the instance --------------------------------------------------------------------
     def _build(self, h: dict[str, Any]) -> tuple[Any, int, int]:
-        """Run the handler factory (in a thread); returns (handler, puts, gets)."""
-        import torch
-
+        """Start the instance (in a thread): the handler factory, timed by the host."""
         from moefleet.runtime.base import HandlerRef
-        from moefleet.runtime.handlers import InitContext, make_handler
+        from moefleet.runtime.host import Instance
 
-        torch.set_num_threads(int(h["threads"]))
-        store, counter = self._caller_store()
-        init = InitContext(h["function"], int(h["memory_mb"]), int(h["threads"]), store)
-        handler = make_handler(HandlerRef(**h["handler"]), init)
-        if counter is None:
-            return handler, 0, 0
-        st = counter.stats()
-        return handler, st.puts + st.lists, st.gets
+        host = Instance(h["function"], int(h["memory_mb"]), int(h["threads"]),
+                        HandlerRef(**h["handler"]), self._caller_store,
+                        int(h["max_inline_bytes"]))
+        cold = host.start()
+        return host, cold.puts, cold.gets
 
     def _unload(self) -> None:
         if self._handler is not None:
@@ -156,26 +151,16 @@ class FunctionReplica:
 
     async def _run(self, h: dict[str, Any], body: bytes,
                    reply: dict[str, Any]) -> tuple[str, bytes]:
-        from moefleet.runtime.handlers import CallContext
-
-        store, counter = self._caller_store()
         functions = None
         if h.get("nested") is not None:  # a main function: it calls the others itself
             from moefleet.runtime.ray_call import RayFunctions
 
             functions = RayFunctions(h["nested"])
-        ctx = CallContext(h["function"], h.get("request_id"), store,
-                          int(h["max_inline_bytes"]), functions)
-        handler = self._handler
-
-        def call() -> tuple[float, float, bytes]:
-            start = time.time()
-            out = bytes(handler(body, ctx))
-            return start, time.time(), out
-
+        host = self._handler
         try:
-            start, end, out = await asyncio.wait_for(asyncio.to_thread(call),
-                                                     float(h["timeout_s"]))
+            res = await asyncio.wait_for(
+                asyncio.to_thread(host.call, body, h.get("request_id"), functions),
+                float(h["timeout_s"]))
         except TimeoutError:
             self._stop_soon()
             return json.dumps({"status": "timeout", "phase": "run",
@@ -187,18 +172,19 @@ class FunctionReplica:
             return json.dumps(error), b""
         if functions is not None:
             reply["nested_records"] = functions.drain()
-        if counter is not None:
-            st = counter.stats()
-            reply["puts"] += st.puts + st.lists
-            reply["gets"] += st.gets
-        reply.update(start=start, end=max(start, end))
-        if len(out) > int(h["max_inline_bytes"]):  # not worth shipping: the caller refuses it
-            reply.update(status="too_large", nbytes=len(out))
+        reply["puts"] += res.puts
+        reply["gets"] += res.gets
+        reply.update(start=res.start, end=max(res.start, res.end))
+        if len(res.out) > int(h["max_inline_bytes"]):  # the caller would refuse it
+            reply.update(status="too_large", nbytes=len(res.out))
             return json.dumps(reply), b""
-        return json.dumps(reply), out
+        return json.dumps(reply), res.out
 
 
 def _error(phase: str, err: Exception) -> dict[str, Any]:
-    return {"status": "error", "phase": phase, "type": type(err).__name__,
-            "message": getattr(err, "message", None) or str(err) or repr(err),
-            "hint": getattr(err, "hint", "") or ""}
+    from moefleet.runtime.host import HostError, error_reply
+
+    if isinstance(err, HostError):
+        phase, cause = err.phase, err.error
+        return {"status": "error", **error_reply(phase, cause)}
+    return {"status": "error", **error_reply(phase, err)}
