@@ -312,14 +312,17 @@ def test_functions_invoke_functions_metered(backend: FunctionBackend) -> None:
     outer = fn(backend, kind="main")
     result = call(backend, outer, op="nested", target=inner, calls=4, inner={"op": "pid"})
     meta = unpack(result.payload).meta
-    assert meta["functions"] == [inner] * 4 and sum(meta["cold"]) == 1
-    assert len(set(meta["pids"])) == 1  # one instance served all four, one at a time
     recs = [r for r in backend.records() if r.function == inner]
-    assert len(recs) == 4 and all(r.kind == "expert" for r in recs)
+    seen = f"nested: {meta}; records: {recs}"
+    assert meta["functions"] == [inner] * 4 and sum(meta["cold"]) == 1, seen
+    assert len(set(meta["pids"])) == 1, seen  # one instance served all four, in turn
+    assert len(recs) == 4 and all(r.kind == "expert" for r in recs), seen
     main = result.record
     assert main.kind == "main"
-    assert all(main.start_s <= r.start_s and r.end_s <= main.end_s + 1e-3 for r in recs)
-    assert _overlap([(r.start_s, r.end_s) for r in recs]) == 1
+    # every nested call ran inside the main's handler time (50 ms: clocks of processes)
+    assert all(main.start_s - 0.05 <= r.start_s and r.end_s <= main.end_s + 0.05
+               for r in recs), f"main {main}; {seen}"
+    assert _overlap([(r.start_s, r.end_s) for r in recs]) == 1, seen
 
 
 def test_nested_errors_reach_the_caller_typed(backend: FunctionBackend) -> None:

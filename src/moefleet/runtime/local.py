@@ -19,10 +19,8 @@ What is **emulated** (one machine standing in for a FaaS fleet):
   (:mod:`moefleet.runtime.local_limits`; ``limits=False`` turns both off);
 - process start and ``import torch`` are paid once per worker (forkserver preload), not
   per instance: ``init_s`` is instance construction + weight download + load only;
-- main functions (kind ``main``: a handler that invokes other functions through
-  ``ctx.functions`` and waits for them) run on their own pool of ``main_workers`` workers,
-  started when the first one is deployed, so a main waiting on its experts never holds
-  the slots the experts need (with one worker for each, Remoe still cannot deadlock);
+- main functions (kind ``main``, calling others through ``ctx.functions``) run on their
+  own ``main_workers`` workers: a main waiting on its experts never holds their slots;
 - the store is whatever ``store`` names (a local directory by default: far faster than S3;
   pass ``store_latency=(latency_s, bytes_per_s)`` to emulate the platform's storage).
 
@@ -30,8 +28,7 @@ Memory (measured, benchmarks/runtime_overhead.py and the README's command): an i
 worker is ~100 MB PSS (~285 MB RSS, most of it torch/transformers pages shared with the
 forkserver); one process per function would be ~330 MB RSS each (spawn + torch +
 transformers), i.e. ~17 GB for minilm-moe-e8's 54 functions, where 2 workers hosting all
-54 instances measured 336 MB PSS in total. Default pool size: the machine's cores, fewer
-if available memory is short (512 MB planned per worker).
+54 instances measured 336 MB PSS in total. Default pool size: the cores (fewer if short).
 """
 
 from __future__ import annotations
@@ -65,6 +62,7 @@ from moefleet.runtime.errors import (
 from moefleet.runtime.local_limits import EMULATED_NOTE, limits_default
 from moefleet.runtime.local_pool import Call, Worker, WorkerPool, default_workers, process_memory_mb
 from moefleet.runtime.local_worker import send_msg
+from moefleet.runtime.nested import serve_in_thread
 from moefleet.runtime.retry import call_with_retries
 
 _TICK_S = 0.05  # housekeeping period (deadlines, keep-alive)
@@ -174,19 +172,11 @@ class LocalBackend(FunctionBackend):
         return "main" if spec.kind == "main" else "fn"
 
     def _serve_nested(self, w: Worker, header: dict[str, Any], body: bytes) -> None:
-        """A handler's ``ctx.functions.invoke``: run it here (admitted, retried and
-        recorded like any call) on its own thread, and answer on the worker's pipe."""
-        from moefleet.runtime.nested import serve_nested
-
-        def run() -> None:
-            reply, out = serve_nested(self, header, body)
-            try:
-                with w.send_lock:
-                    send_msg(w.conn, reply, out)
-            except (OSError, ValueError):
-                pass  # the worker died; its in-flight call fails on its own
-
-        threading.Thread(target=run, daemon=True, name="moefleet-nested").start()
+        """A handler's ``ctx.functions.invoke``: run here like any call, on a thread."""
+        def answer(reply: dict[str, Any], out: bytes) -> None:
+            with w.send_lock:
+                send_msg(w.conn, reply, out)
+        serve_in_thread(self, header, body, answer)
 
     def _housekeep(self) -> None:
         while not self._closed:
@@ -235,10 +225,10 @@ class LocalBackend(FunctionBackend):
                 return
         pool = self._new_pool("main", self._main_workers)  # outside the lock: slow
         with self._cond:
-            if "main" in self._pools or self._closed:
-                pool.stop()
-            else:
-                self._pools["main"] = pool
+            keep = "main" not in self._pools and not self._closed
+            self._pools.setdefault("main", pool)
+        if not keep:
+            pool.stop()
 
     def functions(self) -> dict[str, FunctionSpec]:
         with self._cond:

@@ -26,6 +26,7 @@ went away) fails the call after ``timeout_s``, never hangs it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from collections.abc import Callable
@@ -98,6 +99,18 @@ def serve_nested(backend: FunctionBackend, header: dict[str, Any],
         return reply, b""
     reply.update(ok=True, record=record_to_json(result.record))
     return reply, result.payload
+
+
+def serve_in_thread(backend: FunctionBackend, header: dict[str, Any], body: bytes,
+                    answer: Send) -> None:
+    """:func:`serve_nested` on its own thread, the reply sent with ``answer``; a failed
+    send is dropped (the instance died, and its own call fails on its own)."""
+    def run() -> None:
+        reply, out = serve_nested(backend, header, body)
+        with contextlib.suppress(OSError, ValueError):
+            answer(reply, out)
+
+    threading.Thread(target=run, daemon=True, name="moefleet-nested").start()
 
 
 @dataclass
