@@ -81,9 +81,33 @@ def test_train_resume_and_eval(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "needle"), [
     (["train", "--out", "x.pt", "--interval", "0"], "interval"),
     (["train", "--out", "x.pt", "--variant", "nope"], "unknown sMoE variant"),
+    (["train", "--out", "x.pt", "--stay-prior", "-1"], "--stay-prior"),
     (["eval", "-c", "missing.pt"], "no sMoE checkpoint"),
 ])
 def test_bad_input_is_one_line_error(args: list[str], needle: str) -> None:
     res = runner.invoke(app, ["autoscale", *args])
     assert res.exit_code != 0
     assert needle in res.output and "Traceback" not in res.output
+
+
+def test_validation_keeps_the_best_actor(tmp_path: Path) -> None:
+    from moefleet.autoscale.smoe import ActorSpec, DDPGConfig
+    from moefleet.autoscale.smoe.train import controller_from_checkpoint, train
+
+    setup = TrainSetup(model=TINY, slo_s=0.2, interval_s=60.0, mean_rps=0.3,
+                       windows_per_pattern=2)
+    out = tmp_path / "v.pt"
+    res = train(out, episodes=4, setup=setup, space=SPACE, spec=ActorSpec(hidden=8),
+                ddpg=DDPGConfig(warmup=4, batch_size=4), demo_episodes=1, validate_every=1)
+    hist = res["history"]
+    assert [h["demo"] for h in hist] == [True, False, True, False]
+    scored = [h for h in hist if h["validation"]]
+    assert [h["episode"] for h in scored] == [2, 4]  # learning episodes only
+    _, agent, *_ = load_checkpoint(out)
+    best = min(scored, key=lambda h: h["validation"]["score"])
+    assert agent.best is not None and agent.actor_best is not None
+    assert agent.best["episode"] == best["episode"]
+    assert agent.best["score"] == best["validation"]["score"]
+    _, ctl, _ = controller_from_checkpoint(out)  # acts with the best actor
+    for name, value in ctl.agent.actor.state_dict().items():
+        assert torch.equal(value, agent.actor_best[name]), name

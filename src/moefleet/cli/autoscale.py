@@ -7,6 +7,7 @@ simulator.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -74,6 +75,8 @@ def train_cmd(
     mean_rps: Annotated[float, typer.Option(help="Windows rescaled to this mean rate.")] = 3.0,
     seed: Annotated[int, typer.Option(help="Seed (windows, networks, exploration).")] = 0,
     threads: Annotated[int, typer.Option(help="torch CPU threads.")] = 1,
+    stay_prior: Annotated[float, typer.Option(
+        help="Initial score bonus of each function's current config (0 = none).")] = 3.0,
     as_json: Annotated[bool, typer.Option("--json", help="JSON result on stdout.")] = False,
 ) -> None:
     """Train sMoE offline in the simulator on Azure Functions 2019 windows (slow,
@@ -94,7 +97,10 @@ def train_cmd(
             raise MoefleetError(f"--window-minutes {window_minutes} must be in 1..60 and "
                                 f"--mean-rps {mean_rps:g} in (0, 1000]")
         torch.set_num_threads(threads)
+        if not (0 <= stay_prior <= 100):
+            raise MoefleetError(f"--stay-prior must be in [0, 100], got {stay_prior:g}")
         spec, space = variant_parts(variant)
+        spec = dataclasses.replace(spec, stay_prior=stay_prior)
         setup = TrainSetup(model=model, slo_s=slo, interval_s=interval,
                            window_minutes=window_minutes, mean_rps=mean_rps)
         bar = _Progress(f"training sMoE ({variant})", episodes)

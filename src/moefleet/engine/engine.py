@@ -26,7 +26,7 @@ from moefleet.engine.request import (
     Sequence,
 )
 from moefleet.engine.runner import ModelRunner
-from moefleet.engine.sampler import Sampler, prompt_logprobs
+from moefleet.engine.sampler import Sampler, prompt_top_logprobs
 from moefleet.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
 Clock = Callable[[], float]
@@ -79,6 +79,7 @@ class _Live:
     detok: Detokenizer | None
     sent_prompt_logprobs: bool = False
     prompt_lps: list[float | None] = field(default_factory=list)
+    prompt_tops: list[dict[int, float] | None] = field(default_factory=list)
 
 
 class Engine:
@@ -201,12 +202,16 @@ class Engine:
     def _prompt_logprobs(self, seq: Sequence, start: int, logits_TV: torch.Tensor) -> None:
         live = self._live[seq.request_id]
         if start == 0:
-            live.prompt_lps = [None]
+            live.prompt_lps, live.prompt_tops = [None], [None]
         n = len(seq.prompt_ids)
         stop = min(start + logits_TV.shape[0], n - 1)  # the last prompt row predicts output
         if stop > start:
-            live.prompt_lps.extend(prompt_logprobs(logits_TV[: stop - start],
-                                                   seq.prompt_ids[start + 1: stop + 1]))
+            # the same top-n as the sampled tokens get (OpenAI's echo + logprobs=n)
+            lps, tops = prompt_top_logprobs(logits_TV[: stop - start],
+                                            seq.prompt_ids[start + 1: stop + 1],
+                                            seq.params.logprobs or 0)
+            live.prompt_lps.extend(lps)
+            live.prompt_tops.extend(tops)
 
     def _emit(self, seq: Sequence, token: int, lp, now: float, done: bool) -> RequestOutput:
         live = self._live[seq.request_id]
@@ -233,6 +238,7 @@ class Engine:
             out.prompt_token_ids = list(seq.prompt_ids)
             if seq.params.prompt_logprobs:
                 out.prompt_logprobs = live.prompt_lps
+                out.prompt_top_logprobs = live.prompt_tops
         if done:
             t.finished = now
             self.scheduler.finish(seq.seq_id, reason or "stop")
@@ -269,6 +275,7 @@ def merge_into(acc: RequestOutput, delta: RequestOutput) -> None:
         acc.logprobs = (acc.logprobs or []) + delta.logprobs
     if delta.prompt_logprobs is not None:
         acc.prompt_logprobs = delta.prompt_logprobs
+        acc.prompt_top_logprobs = delta.prompt_top_logprobs
     if delta.prompt_token_ids is not None:
         acc.prompt_token_ids = delta.prompt_token_ids
     acc.finished, acc.finish_reason = delta.finished, delta.finish_reason

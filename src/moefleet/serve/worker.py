@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moefleet.engine import Engine, RequestOutput
-from moefleet.serve.cost import FUNCTION_MAIN, InProcessPricer, RequestCost
+from moefleet.serve.cost import Biller, ByFunction, RequestCost
 from moefleet.serve.metrics import ServeMetrics
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,20 @@ class Delta:
     token_strs: list[str] = field(default_factory=list)
     top_strs: list[dict[str, float]] = field(default_factory=list)
     prompt_token_strs: list[str] | None = None
+    prompt_top_strs: list[dict[str, float] | None] | None = None
     cost: RequestCost | None = None
+
+
+def top_strs(tok: Any, top: dict[int, float]) -> dict[str, float]:
+    """Token id -> log-probability, keyed by decoded text instead. Two ids can decode to
+    the same text (partial UTF-8 bytes); the larger log-probability is kept, so the dict's
+    maximum stays the distribution's maximum (what greedy checks compare against)."""
+    out: dict[str, float] = {}
+    for k, v in top.items():
+        s = tok.decode([k])
+        if s not in out or v > out[s]:
+            out[s] = v
+    return out
 
 
 @dataclass
@@ -56,17 +69,16 @@ class _Sink:
 class EngineWorker(threading.Thread):
     """Drives one engine: runs closures between steps, steps while work is pending."""
 
-    def __init__(self, engine: Engine, metrics: ServeMetrics, pricer: InProcessPricer, *,
+    def __init__(self, engine: Engine, metrics: ServeMetrics, biller: Biller, *,
                  slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> None:
         super().__init__(name="moefleet-engine", daemon=True)
         self.engine = engine
         self.metrics = metrics
-        self.pricer = pricer
+        self.biller = biller
         self.slo_ttft_s, self.slo_tpot_s = slo_ttft_s, slo_tpot_s
         self._cmds: queue.SimpleQueue[tuple[Callable[[Engine], Any], Future[Any]] | None] = (
             queue.SimpleQueue())
         self._sinks: dict[str, _Sink] = {}
-        self._busy_s: dict[str, float] = {}
         self._expert_seen: dict[int, list[int]] = {}
         self._preemptions = 0
         self.error: str | None = None
@@ -102,11 +114,11 @@ class EngineWorker(threading.Thread):
     def register(self, rid: str, sink_queue: asyncio.Queue[Any], loop: asyncio.AbstractEventLoop,
                  index: int, *, token_strs: bool = False, prompt_strs: bool = False) -> None:
         self._sinks[rid] = _Sink(loop, sink_queue, index, token_strs, prompt_strs)
-        self._busy_s[rid] = 0.0
+        self.biller.register(rid)
 
     def abort(self, rid: str) -> bool:
         self._sinks.pop(rid, None)
-        self._busy_s.pop(rid, None)
+        self.biller.forget(rid)
         aborted = self.engine.abort(rid)
         if aborted:
             self.metrics.aborted.labels(self._lbl).inc()
@@ -151,15 +163,14 @@ class EngineWorker(threading.Thread):
 
     def _step(self) -> None:
         eng = self.engine
+        prev = eng.stats.steps[-1] if eng.stats.steps else None
         outs = eng.step()
         st = eng.stats.steps[-1] if eng.stats.steps else None
-        if st is not None:
+        if st is not None and st is not prev:  # an empty schedule records no step
             served = {o.request_id for o in outs} | {s.request_id
                                                      for s in eng.scheduler.running}
-            served &= self._busy_s.keys()
-            share = st.forward_s / len(served) if served else 0.0
-            for rid in served:
-                self._busy_s[rid] += share
+            # before delivery: a request finishing now is billed this step's invocations
+            self._bill(self.biller.step(served, st.forward_s))
             self.metrics.model_tokens.labels(self._lbl).inc(st.num_tokens)
         for o in outs:
             self._deliver(o)
@@ -176,22 +187,29 @@ class EngineWorker(threading.Thread):
         tok = self.engine.tokenizer
         if sink.token_strs and tok is not None:
             d.token_strs = [tok.decode([t]) for t in o.new_token_ids]
-            d.top_strs = [{tok.decode([k]): v for k, v in lp.top.items()}
-                          for lp in (o.logprobs or [])]
+            d.top_strs = [top_strs(tok, lp.top) for lp in (o.logprobs or [])]
         if sink.prompt_strs and o.prompt_token_ids is not None and tok is not None:
             d.prompt_token_strs = [tok.decode([t]) for t in o.prompt_token_ids]
+            if o.prompt_top_logprobs is not None:
+                d.prompt_top_strs = [None if t is None else top_strs(tok, t)
+                                     for t in o.prompt_top_logprobs]
         if o.finished:
             del self._sinks[o.request_id]
-            d.cost = self.pricer.price(self._busy_s.pop(o.request_id, 0.0))
-            self._finished(o, d.cost)
+            d.cost, billed = self.biller.finish(o.request_id)
+            self._bill(billed)
+            self._finished(o)
         sink.loop.call_soon_threadsafe(sink.queue.put_nowait, d)
 
-    def _finished(self, o: RequestOutput, cost: RequestCost) -> None:
+    def _bill(self, billed: ByFunction) -> None:
+        basis = self.biller.basis
+        for fn, c in billed.items():
+            for part, usd in (("compute", c.compute), ("requests", c.request),
+                              ("storage", c.storage)):
+                self.metrics.billed_cost.labels(self._lbl, fn, part, basis).inc(usd)
+
+    def _finished(self, o: RequestOutput) -> None:
         m, lbl = self.metrics, self._lbl
         m.success.labels(lbl, o.finish_reason or "stop").inc()
-        for part, usd in (("compute", cost.compute), ("requests", cost.request),
-                          ("storage", cost.storage)):
-            m.billed_cost.labels(lbl, FUNCTION_MAIN, part, cost.basis).inc(usd)
         t = o.times
         if t is None:
             return

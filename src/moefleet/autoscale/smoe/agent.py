@@ -4,14 +4,33 @@ controller that acts (and optionally learns) once per control interval.
 The MDP (our reading of the paper's section 4.4): within a timestep the agent decides
 the decision groups one after the other (MoE layers in order, then the segments); the
 state does not change between them. Group g gets reward r_g = -beta * cost_g /
-cost_ref_g; the last group also gets (SLO - P95) / SLO when P95 > SLO (eq. 13, both
-terms made unit-free so one beta fits every model). The TD target of group g < G-1 is
+cost_ref_g; every group (``slo_every_group``; only the last one before) also gets
+lambda * (SLO - P95) / SLO when P95 > SLO (eq. 13, both terms made unit-free so one
+beta fits every model). The TD target of group g < G-1 is
 ``r_g + gamma * Q'(s_t, g+1, pi'(s_t))``; of the last group
-``r_G + gamma * Q'(s_{t+1}, 0, pi'(s_{t+1}))``, so the SLO term reaches every layer.
+``r_G + gamma * Q'(s_{t+1}, 0, pi'(s_{t+1}))``.
 
 Training feeds the critic the *soft* action (softmax over valid scores), so the actor
 loss -Q(s, softmax(actor(s))) has a gradient; the arg-max is used only to act. The
 critic learns from the executed (one-hot) actions in the replay memory.
+
+Why the knobs are what they are (diagnosed on the 4x8 scenario, see README):
+- ``slo_weight`` (eq. 13's weight on the SLO term): at weight 1 halving every expert's
+  replicas earns more reward than a P95 30% over the SLO costs, so the reward's optimum
+  is an SLO-breaking plan; the SLO term is scaled so a violation outweighs the savings.
+- Exploration samples from the soft action *restricted to neighbouring configurations*
+  (one option step in replicas or concurrency, same memory). Uniform random configs
+  changed memory on several functions per interval; each memory change cold-starts the
+  function, so every exploring interval broke the SLO and the rewards measured the
+  noise, not the policy (even one-step memory moves at 5% per function gave the static
+  plan a P95 of 8x the SLO). Memory still changes whenever the actor's arg-max says so.
+- The SLO term goes to every group. Q of group g sees only group g's action, and the
+  bootstrap from group g+1 evaluates the *target* policy's action, so with the term on
+  the last group only, no layer's Q ever depended on the SLO damage its own config did:
+  every expert group learned "cheaper is better", and longer training walked the
+  experts down to configs that broke the SLO by 100x. Each layer's latency is part of
+  the end-to-end P95, so each group is charged for it.
+- The critic uses a Huber loss: SLO penalties are one to two orders above cost terms.
 """
 
 from __future__ import annotations
@@ -48,9 +67,13 @@ class DDPGConfig:
     warmup: int = 64  # transitions before the first update
     updates_per_step: int = 1
     beta: float = 0.1  # the reward's cost coefficient (eq. 13)
-    slo_penalty_cap: float = 10.0  # the SLO term is clipped at -cap (units of the SLO)
+    slo_penalty_cap: float = 4.0  # the SLO term is clipped at -cap (units of the SLO)
+    slo_weight: float = 2.0  # weight of the SLO term (eq. 13 has 1; see the module doc)
+    slo_every_group: bool = True  # the SLO term on every group, not the last only
     temperature: float = 1.0
-    epsilon: float = 0.1  # exploration: chance a function takes a random valid config
+    explore_local: bool = True  # explore along neighbouring configs from the soft action
+    huber: bool = True  # Huber critic loss instead of MSE
+    epsilon: float = 0.03  # exploration: chance a function moves to another valid config
     epsilon_min: float = 0.02
     epsilon_decay: float = 0.995  # per control interval
     bc_weight: float = 1.0  # imitation of demonstration transitions, fading out ...
@@ -66,6 +89,7 @@ class Transition:
     x2_NF: torch.Tensor
     valid2_NC: torch.Tensor
     demo: bool = False  # the action came from a demonstrating controller
+    slo_ok: bool = True  # the interval it ran in met the SLO (only those are imitated)
 
 
 def group_rewards(dag: PipelineDAG, snap: MetricsSnapshot, slo_s: float,
@@ -80,7 +104,11 @@ def group_rewards(dag: PipelineDAG, snap: MetricsSnapshot, slo_s: float,
         cost = sum(snap.functions[dag.names[v]].instance_s
                    * price_per_s(snap.functions[dag.names[v]].config.memory_mb) for v in g)
         out[gi] = -cfg.beta * cost / (ref * len(g))
-    out[-1] += slo_term(snap, slo_s, cfg.slo_penalty_cap)
+    slo = cfg.slo_weight * slo_term(snap, slo_s, cfg.slo_penalty_cap)
+    if cfg.slo_every_group:
+        out += slo
+    else:
+        out[-1] += slo
     return out
 
 
@@ -117,8 +145,12 @@ class SmoeAgent:
             p.requires_grad_(False)
         self.opt_a = torch.optim.Adam(self.actor.parameters(), lr=self.cfg.actor_lr)
         self.opt_c = torch.optim.Adam(self.critic.parameters(), lr=self.cfg.critic_lr)
+        self.neighbours_CC = space.neighbours()
         self.replay: deque[Transition] = deque(maxlen=self.cfg.replay_size)
         self.epsilon = self.cfg.epsilon
+        # Model selection (see train.py): the best-validated actor and its score.
+        self.best: dict[str, float] | None = None
+        self.actor_best: dict[str, torch.Tensor] | None = None
         self.steps = 0
         self.updates = 0
 
@@ -128,15 +160,33 @@ class SmoeAgent:
         """Config index per node: the arg-max of the scores (never an invalid one)."""
         scores_NC = self.actor(x_NF[None], valid_NC[None])[0]
         action_N = scores_NC.argmax(dim=-1)
-        return self.explore(action_N, valid_NC) if explore else action_N
+        return self.explore(action_N, valid_NC, scores_NC) if explore else action_N
 
-    def explore(self, action_N: torch.Tensor, valid_NC: torch.Tensor) -> torch.Tensor:
-        """Epsilon-greedy over valid configs; an invalid given action becomes valid."""
+    def explore(self, action_N: torch.Tensor, valid_NC: torch.Tensor,
+                scores_NC: torch.Tensor | None = None) -> torch.Tensor:
+        """With chance epsilon per function, another valid config: with
+        ``explore_local`` one drawn from the soft action over the neighbours of the
+        given one (uniform over them without scores), else uniform over all valid
+        configs. An invalid given action always becomes a valid one."""
         action_N = action_N.clone()
         for v in range(action_N.shape[0]):
-            if self.rng.random() < self.epsilon or not bool(valid_NC[v, action_N[v]]):
-                choices = torch.nonzero(valid_NC[v]).flatten().tolist()
-                action_N[v] = self.rng.choice(choices)
+            a = int(action_N[v])
+            if not bool(valid_NC[v, a]):
+                action_N[v] = self.rng.choice(torch.nonzero(valid_NC[v]).flatten().tolist())
+                continue
+            if self.rng.random() >= self.epsilon:
+                continue
+            if not self.cfg.explore_local:
+                action_N[v] = self.rng.choice(torch.nonzero(valid_NC[v]).flatten().tolist())
+                continue
+            near = torch.nonzero(self.neighbours_CC[a] & valid_NC[v]).flatten().tolist()
+            if not near:
+                continue
+            if scores_NC is None:
+                action_N[v] = self.rng.choice(near)
+            else:
+                p = torch.softmax(scores_NC[v, near] / self.cfg.temperature, dim=0).tolist()
+                action_N[v] = self.rng.choices(near, weights=p)[0]
         return action_N
 
     # ---- learning -------------------------------------------------------------------
@@ -158,19 +208,24 @@ class SmoeAgent:
         C = valid.shape[-1]
         a_onehot = nn.functional.one_hot(act, C).float()
         with torch.no_grad():
-            q_same = self.critic_t(x, soft_action(self.actor_t(x, valid), cfg.temperature))
-            q_next = self.critic_t(x2, soft_action(self.actor_t(x2, valid2), cfg.temperature))
+            # One target pass over s_t and s_{t+1} together (the DAGNN is latency-bound).
+            xx, vv = torch.cat([x, x2]), torch.cat([valid, valid2])
+            q_both = self.critic_t(xx, soft_action(self.actor_t(xx, vv), cfg.temperature))
+            q_same, q_next = q_both[:len(batch)], q_both[len(batch):]
             # Group g bootstraps from group g+1 at the same t; the last from group 0 at t+1.
             boot_BG = torch.cat([q_same[:, 1:], q_next[:, :1]], dim=1)
             y_BG = r_BG + cfg.gamma * boot_BG
         q_BG = self.critic(x, a_onehot)
-        loss_c = nn.functional.mse_loss(q_BG, y_BG)
+        loss_c = (nn.functional.smooth_l1_loss(q_BG, y_BG) if cfg.huber
+                  else nn.functional.mse_loss(q_BG, y_BG))
         self.opt_c.zero_grad()
         loss_c.backward()
         nn.utils.clip_grad_norm_(self.critic.parameters(), 5.0)
         self.opt_c.step()
         loss_a = self.actor_loss(x, valid)
-        demo_B = torch.tensor([t.demo for t in batch])
+        # Imitate only demonstrated decisions that kept the SLO: HPA and ElasticMoE
+        # break it on bursts, and copying those would teach the breakage.
+        demo_B = torch.tensor([t.demo and t.slo_ok for t in batch])
         bc_w = cfg.bc_weight * max(0.0, 1.0 - self.updates / max(cfg.bc_updates, 1))
         if bc_w > 0 and bool(demo_B.any()):
             # Warm start from logged experience: cross-entropy toward the demonstrated
@@ -257,7 +312,8 @@ class SmoeController(AutoscalePolicy):
             r_G = group_rewards(ag.dag, snapshot, self.slo_s, self.price_per_s, ag.cfg)
             self.log.rewards.append(float(r_G.sum()))
             ag.remember(Transition(prev.x_NF, prev.valid_NC, prev.action_N, r_G, x_NF,
-                                   valid_NC, prev.demo))
+                                   valid_NC, prev.demo,
+                                   slo_term(snapshot, self.slo_s, 1.0) == 0.0))
             for _ in range(ag.cfg.updates_per_step):
                 out = ag.update()
                 if out:

@@ -12,6 +12,13 @@ Ablations (``ActorSpec``): ``dagnn=False`` replaces message passing by a per-nod
 the attention context (expert state = its embedding and the graph embedding);
 ``flat=True`` is "DDPG alone": one MLP over the flattened state emitting every node's
 scores at once (no DAG, no pointer, no shared SISO head).
+
+Stay prior (``stay_prior`` > 0, every variant): a learned scalar kappa, initialised to
+``stay_prior``, is added to the score of each function's *current* configuration. An
+untrained actor then keeps the deployment as it is (the starting plan) instead of
+jumping to random configurations, most of which change memory and so cold-start the
+function; the critic's gradient moves kappa and the other scores from there. It is a
+parameterisation of the same action space, still differentiable end to end.
 """
 
 from __future__ import annotations
@@ -30,6 +37,14 @@ class ActorSpec:
     pointer: bool = True
     flat: bool = False
     heads: int = 2
+    stay_prior: float = 3.0  # initial score bonus of each function's current config
+
+
+def current_config_BNC(x_BNF: torch.Tensor, config_CD: torch.Tensor) -> torch.Tensor:
+    """1.0 where config c is node n's current one: features 3..5 hold the current
+    (memory, replicas, concurrency) scaled exactly as :meth:`ConfigSpace.vectors`."""
+    d_BNC = (x_BNF[..., None, 3:6] - config_CD[None, None, :, :3]).abs().sum(-1)
+    return (d_BNC < 1e-4).float()
 
 
 class DAGNN(nn.Module):
@@ -134,6 +149,8 @@ class SmoeActor(nn.Module):
         self.register_buffer("gidx_GK", group_idx_GK.clone())
         self.register_buffer("gmask_GK", group_mask_GK.clone())
         self.num_nodes = N
+        if spec.stay_prior > 0:
+            self.stay = nn.Parameter(torch.tensor(float(spec.stay_prior)))
         if spec.flat:
             self.flat = nn.Sequential(nn.Linear(N * num_features, 4 * H), nn.ReLU(),
                                       nn.Linear(4 * H, N * C))
@@ -177,6 +194,9 @@ class SmoeActor(nn.Module):
             cfg: torch.Tensor = self.config_CD  # type: ignore[assignment]
             z_BNCH = self.s_proj(s_BND)[:, :, None] + self.c_proj(cfg)[None, None]
             raw_BNC = self.head(z_BNCH).squeeze(-1)
+        if self.spec.stay_prior > 0:
+            cfg_CD: torch.Tensor = self.config_CD  # type: ignore[assignment]
+            raw_BNC = raw_BNC + self.stay * current_config_BNC(x_BNF, cfg_CD)
         # The memory filter acts before the softmax: invalid configs get no probability.
         return raw_BNC.masked_fill(~valid_BNC, float("-inf"))
 

@@ -103,6 +103,20 @@ class ConfigSpace:
             ok_NC[empty_N] = biggest_C & (conc_C == conc_C.min())
         return ok_NC
 
+    def neighbours(self, memory: bool = False) -> torch.Tensor:
+        """Bool [C, C]: ``n[a, b]`` iff config b is one option step away from a in exactly
+        one of replicas, concurrency (and memory when ``memory``), same memory otherwise.
+        Exploration moves along these edges; a memory step restarts the function cold,
+        so exploring it breaks the SLO for the whole pipeline (see agent.py)."""
+        nr, nc = len(self.replicas), len(self.concurrency)
+        coords = [(i // (nr * nc), (i // nc) % nr, i % nc) for i in range(self.size)]
+        out = torch.zeros(self.size, self.size, dtype=torch.bool)
+        for a, ca in enumerate(coords):
+            for b, cb in enumerate(coords):
+                step = sum(abs(x - y) for x, y in zip(ca, cb, strict=True)) == 1
+                out[a, b] = step and (memory or ca[0] == cb[0])
+        return out
+
     def without_concurrency(self) -> ConfigSpace:
         """The same space with concurrency fixed to 1 (the w/o-CC ablation)."""
         return ConfigSpace(self.memory_mb, self.replicas, (1,), self.alpha, self.runtime_mb)

@@ -9,10 +9,21 @@ the DAG fingerprint and the config space; loading it for another model or config
 is an :class:`AutoscaleError`. Resuming continues the episode count, the exploration
 rate and the optimiser state; the replay memory keeps its newest ``REPLAY_SAVED``
 transitions (the rest would make checkpoints hundreds of MB).
+
+Warm start: the first episodes are acted by the baseline controllers in turn (static,
+HPA, ElasticMoE, with local exploration); their transitions fill the replay and the
+actor imitates them at first (logged experience, as the paper trains from a function
+logger's history). Model selection: every ``validate_every`` learning episodes the
+greedy policy runs a fixed set of *training* windows (never the held-out ones); the
+actor with the best score (cost relative to the static plan on the same windows, plus
+a steep penalty for P95 above 1.02 x SLO) is kept in the checkpoint beside the latest
+one and is the one that acts at evaluation. DDPG's return drifts from episode to
+episode; without this the last weights are a lottery.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 import time
@@ -56,6 +67,10 @@ class TrainSetup:
     windows_per_pattern: int = 12
 
 
+VAL_SLACK = 1.02  # the bar's P95 slack
+VAL_PENALTY = 10.0  # score units per unit of P95/SLO above the slack
+
+
 def scenario_for(setup: TrainSetup) -> Scenario:
     return build_scenario(setup.model, slo_s=setup.slo_s, interval_s=setup.interval_s,
                           prompt_tokens=setup.prompt_tokens)
@@ -80,6 +95,7 @@ def save_checkpoint(path: str | Path, agent: SmoeAgent, setup: TrainSetup,
         "epsilon": agent.epsilon, "updates": agent.updates,
         "rng": agent.rng.getstate(), "torch_rng": torch.get_rng_state(),
         "replay": [dataclasses.astuple(t) for t in list(agent.replay)[-REPLAY_SAVED:]],
+        "best": agent.best, "actor_best": agent.actor_best,
     }
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
@@ -118,7 +134,7 @@ def load_checkpoint(path: str | Path, *, expect_setup: TrainSetup | None = None,
     if expect_space is not None and expect_space.fingerprint() != st["space_id"]:
         raise AutoscaleError(f"checkpoint {p} was trained for another configuration space "
                              f"({st['space']})", "use the same space or retrain")
-    spec = ActorSpec(**st["spec"])
+    spec = ActorSpec(**{"stay_prior": 0.0, **st["spec"]})  # older checkpoints: none
     sc, agent = new_agent(setup, space, spec, DDPGConfig(**st["ddpg"]), seed=0)
     if agent.dag.fingerprint() != st["dag"]:
         raise AutoscaleError(f"checkpoint {p} is for pipeline {st['dag']}, this model builds "
@@ -130,6 +146,7 @@ def load_checkpoint(path: str | Path, *, expect_setup: TrainSetup | None = None,
     torch.set_rng_state(st["torch_rng"])
     for row in st["replay"]:
         agent.remember(Transition(*row))
+    agent.best, agent.actor_best = st.get("best"), st.get("actor_best")
     return sc, agent, setup, int(st["episodes"]), list(st["history"])
 
 
@@ -140,13 +157,15 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
           space: ConfigSpace | None = None, spec: ActorSpec | None = None,
           ddpg: DDPGConfig | None = None, seed: int = 0, resume: bool = False,
           time_budget_s: float | None = None, data_path: str | None = None,
-          demo_episodes: int = 3,
+          demo_episodes: int = 3, validate_every: int = 2,
           progress: ProgressFn | None = None) -> dict[str, Any]:
     """Train for ``episodes`` episodes in total (a resumed run counts the ones done),
     saving the checkpoint after every episode; stops early at ``time_budget_s``. The
     first ``demo_episodes`` episodes (and every third one up to 4x that) are acted by
-    :func:`demonstrator` with epsilon exploration; the actor imitates them at first
-    (``DDPGConfig.bc_weight``) while the critic learns from everything."""
+    the :func:`demonstrators` in turn with local exploration; the actor imitates them at
+    first (``DDPGConfig.bc_weight``) while the critic learns from everything. Every
+    ``validate_every`` learning episodes (0 = never) the greedy policy is scored on
+    :func:`validation_windows` and the best actor is kept (module doc)."""
     if episodes < 1:
         raise AutoscaleError(f"episodes must be >= 1, got {episodes}", "pass --episodes 20")
     if resume and Path(out).exists():
@@ -159,8 +178,9 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
         done, history = 0, []
     windows: dict[str, list[Any]] = {}  # found lazily: a short run needs few patterns
     ctl = SmoeController(agent, sc.slo_s, sc.price_per_s, learn=True)
-    demo_ctl = SmoeController(agent, sc.slo_s, sc.price_per_s, learn=True,
-                              behaviour=demonstrator(sc, agent.space))
+    demo_ctls = [SmoeController(agent, sc.slo_s, sc.price_per_s, learn=True, behaviour=b)
+                 for b in demonstrators(sc, agent.space)]
+    val: Validation | None = None
     t0 = time.perf_counter()
     # Checkpoints from before CPU accounting have no cpu_s: count from 0 then.
     cpu0 = time.process_time() - (float(history[-1].get("cpu_s") or 0.0) if history else 0.0)
@@ -176,15 +196,24 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
         w = pick.choice(windows[pattern])
         arrivals, duration = window_arrivals(w, setup.mean_rps, seed + done, data_path)
         demo = done < demo_episodes or (done % 3 == 2 and done < 4 * demo_episodes)
-        use = demo_ctl if demo else ctl
+        use = demo_ctls[done % len(demo_ctls)] if demo else ctl
         use.log.rewards.clear()
         res = run_episode(sc, use, arrivals, duration, seed=seed + done)
         done += 1
+        learned = sum(not h["demo"] for h in history) + (not demo)
+        scored: dict[str, float] | None = None
+        if not demo and validate_every > 0 and learned % validate_every == 0:
+            if val is None:
+                val = Validation(sc, setup, data_path)
+            scored = val.score(SmoeController(agent, sc.slo_s, sc.price_per_s))
+            if agent.best is None or scored["score"] < agent.best["score"]:
+                agent.best = {**scored, "episode": done}
+                agent.actor_best = copy.deepcopy(agent.actor.state_dict())
         row = {"episode": done, "pattern": pattern, "window": f"{w.function[:8]}@{w.start_minute}",
                "cost_usd": res["cost_usd"], "p95_s": res["p95_s"],
                "reward": float(sum(use.log.rewards)), "demo": demo, "epsilon": agent.epsilon,
                "updates": agent.updates, "wall_s": time.perf_counter() - t0,
-               "cpu_s": time.process_time() - cpu0}
+               "cpu_s": time.process_time() - cpu0, "validation": scored}
         history.append(row)
         save_checkpoint(out, agent, setup, done, history)
         if progress is not None:
@@ -193,18 +222,56 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
             "checkpoint": str(out)}
 
 
-def demonstrator(sc: Scenario, space: ConfigSpace) -> AutoscalePolicy:
-    """The controller whose logged experience warm-starts training (ElasticMoE with the
-    shared bounds): the paper trains offline from a function logger's history."""
-    from moefleet.autoscale.base import BoundedPolicy, ScalingBounds
-    from moefleet.autoscale.baselines import ElasticMoEPolicy
+def demonstrators(sc: Scenario, space: ConfigSpace) -> list[AutoscalePolicy]:
+    """The controllers whose logged experience warm-starts training, in turn: the static
+    plan, HPA (requests per second) and ElasticMoE, with the evaluation's bounds and
+    delays (the paper trains offline from a function logger's history)."""
+    from moefleet.autoscale.base import StaticPolicy
+    from moefleet.autoscale.smoe.evaluate import baseline
 
-    return BoundedPolicy(ElasticMoEPolicy(),
-                         ScalingBounds(1, space.replicas[-1], 1, space.concurrency[-1]),
-                         downscale_delay_s=3 * sc.interval_s, tolerance=0.1)
+    out: list[AutoscalePolicy] = [StaticPolicy()]
+    for name in ("hpa", "elasticmoe"):
+        b = baseline(name, sc, space)
+        assert b is not None
+        out.append(b)
+    return out
 
 
-def controller_from_checkpoint(path: str | Path, *, learn: bool = False
+class Validation:
+    """Greedy-policy score on fixed training windows: the first window of each pattern
+    and the last bursty one (the burstiest shapes), arrivals seeded apart from the
+    training episodes'. Static-plan costs on the same windows are the reference."""
+
+    def __init__(self, sc: Scenario, setup: TrainSetup, data_path: str | None) -> None:
+        self.sc = sc
+        self.episodes: list[tuple[list[Any], float]] = []
+        for pattern in TRAIN_PATTERNS:
+            ws = pattern_windows(pattern, minutes=setup.window_minutes, path=data_path,
+                                 limit=setup.windows_per_pattern)
+            for w in ([ws[0], ws[-1]] if pattern == "bursty" else [ws[0]]):
+                self.episodes.append(window_arrivals(w, setup.mean_rps,
+                                                     10_000 + len(self.episodes), data_path))
+        self.static = [run_episode(sc, None, a, d, seed=10_000 + i)["cost_usd"]
+                       for i, (a, d) in enumerate(self.episodes)]
+
+    def score(self, ctl: SmoeController) -> dict[str, float]:
+        ratios, over = [], []
+        for i, (a, d) in enumerate(self.episodes):
+            r = run_episode(self.sc, ctl, a, d, seed=10_000 + i)
+            ratios.append(r["cost_usd"] / self.static[i])
+            over.append(r["p95_s"] / self.sc.slo_s)
+        penalty = sum(max(0.0, o - VAL_SLACK) for o in over) / len(over)
+        cost = sum(ratios) / len(ratios)
+        return {"score": cost + VAL_PENALTY * penalty, "cost_vs_static": cost,
+                "worst_p95_over_slo": max(over)}
+
+
+def controller_from_checkpoint(path: str | Path, *, learn: bool = False,
+                               best: bool = True
                                ) -> tuple[Scenario, SmoeController, TrainSetup]:
+    """The checkpoint's controller; with ``best`` (and when validation kept one) its
+    actor is the best-validated one rather than the latest."""
     sc, agent, setup, _, _ = load_checkpoint(path)
+    if best and agent.actor_best is not None:
+        agent.actor.load_state_dict(agent.actor_best)
     return sc, SmoeController(agent, sc.slo_s, sc.price_per_s, learn=learn), setup
