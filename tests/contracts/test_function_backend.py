@@ -294,6 +294,41 @@ def test_redeploy_is_a_new_version(backend: FunctionBackend) -> None:
     assert rec.cold and rec.memory_mb == 512
 
 
+# Nested calls come before test_reconfigure: its last step scales a function to the
+# platform's replica limit, which on ray holds every logical CPU of the local node for the
+# rest of the module, so functions deployed after it may never get a replica.
+def test_functions_invoke_functions_metered(backend: FunctionBackend) -> None:
+    """A main function calls an expert function through ``ctx.functions``; every nested
+    call is a record of the backend like a top-level one. Minimum slots everywhere (one
+    instance, concurrency 1, four concurrent nested calls): the main waiting on its expert
+    must not hold the slot the expert needs."""
+    inner = fn(backend, kind="expert", layer=0, experts=(1,))
+    outer = fn(backend, kind="main")
+    result = call(backend, outer, op="nested", target=inner, calls=4, inner={"op": "pid"})
+    meta = unpack(result.payload).meta
+    recs = [r for r in backend.records() if r.function == inner]
+    seen = f"nested: {meta}; records: {recs}"
+    assert meta["functions"] == [inner] * 4 and sum(meta["cold"]) == 1, seen
+    assert len(set(meta["pids"])) == 1, seen  # one instance served all four, in turn
+    assert len(recs) == 4 and all(r.kind == "expert" for r in recs), seen
+    main = result.record
+    assert main.kind == "main"
+    # every nested call ran inside the main's handler time (50 ms: clocks of processes)
+    assert all(main.start_s - 0.05 <= r.start_s and r.end_s <= main.end_s + 0.05
+               for r in recs), f"main {main}; {seen}"
+    assert _overlap([(r.start_s, r.end_s) for r in recs]) == 1, seen
+
+
+def test_nested_errors_reach_the_caller_typed(backend: FunctionBackend) -> None:
+    outer = fn(backend, kind="main")
+    with pytest.raises(HandlerError, match=r"UnknownFunctionError.*no-such-fn"):
+        call(backend, outer, op="nested", target="no-such-fn", calls=1)
+    failing = fn(backend)
+    with pytest.raises(HandlerError, match="asked to fail") as info:
+        call(backend, outer, op="nested", target=failing, inner={"op": "fail"})
+    assert info.value.remote_type == "HandlerError"
+
+
 def test_teardown_is_idempotent_and_final(factory: Factory, platform: PlatformSpec,
                                           tmp_path: Path) -> None:
     b = factory(platform, tmp_path)

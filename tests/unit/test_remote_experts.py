@@ -19,9 +19,11 @@ from moefleet.models.tiny import tiny_model
 from moefleet.plan import DeploymentPlan
 from moefleet.platform import LocalObjectStore, PlatformSpec, load_platform
 from moefleet.runtime import GatherError
+from moefleet.runtime.calls import ExpertDirect
 from moefleet.runtime.deploy import Deployment, deploy_plan
 from moefleet.runtime.handlers import CallContext, InitContext, expert_handler
 from moefleet.runtime.local import LocalBackend
+from moefleet.runtime.messages import encode
 from moefleet.runtime.payload import pack, unpack
 from moefleet.runtime.remote_experts import RemoteExperts
 
@@ -156,12 +158,12 @@ def test_group_function_runs_several_experts_in_one_call(
     g = torch.Generator().manual_seed(3)
     x = torch.randn(5, adapter.hidden_size, generator=g)
     w = torch.rand(5, generator=g)
-    body = pack({"x": x, "w": w}, {"mode": "direct", "expert": 0, "experts": [[0, 2], [1, 3]]})
+    body = pack({"x": x, "w": w}, encode(ExpertDirect(((0, 2), (1, 3)))))
     y = unpack(handler(body, CallContext("group", None, store, 1 << 20))).tensors["y"]
     fn = local_experts(adapter, "loop")
     ids = torch.tensor([[0], [0], [1], [1], [1]])
     torch.testing.assert_close(y, fn(layer, x, ids, w[:, None]), rtol=1e-5, atol=1e-5)
-    bad = pack({"x": x, "w": w}, {"mode": "direct", "expert": 0, "experts": [[0, 2]]})
+    bad = pack({"x": x, "w": w}, encode(ExpertDirect(((0, 2),))))
     with pytest.raises(Exception, match="cover 2 of 5 rows"):
         handler(bad, CallContext("group", None, store, 1 << 20))
 

@@ -52,6 +52,23 @@ def load_activation(path: Path, model: str) -> Any:
                     "np.save the (layers, experts) activation distribution")
 
 
+def _dims(name: str) -> Any:  # -> ModelDims
+    """The planner's published shape, else the dimensions of the model itself (zoo)."""
+    from moefleet.errors import UnknownNameError
+    from moefleet.plan.remoe.shapes import model_dims
+
+    try:
+        return model_dims(name)
+    except (UnknownNameError, MoefleetError) as err:
+        from moefleet.models.registry import load_adapter
+        from moefleet.models.zoo import has_entry
+        from moefleet.remoe.dims import dims_from_adapter
+
+        if not has_entry(name):
+            raise err from None
+        return dims_from_adapter(load_adapter(name))
+
+
 def make_remoe_plan(*, policy: str, model: str | None, platform: str,
                     remote_platform: str | None, activation: Path | None,
                     ttft: float | None, tpot: float | None, n_in: int, n_out: int,
@@ -59,7 +76,7 @@ def make_remoe_plan(*, policy: str, model: str | None, platform: str,
                     timing: Path | None, max_replicas: int) -> Any:  # -> DeploymentPlan
     """The library calls behind ``moefleet plan --policy remoe`` (and its baselines)."""
     from moefleet.plan.remoe import plan_policy
-    from moefleet.plan.remoe.shapes import Timing, measure_cpu, model_dims, problem_for
+    from moefleet.plan.remoe.shapes import Timing, measure_cpu, problem_for
     from moefleet.platform import load_platform
 
     if ttft is None or tpot is None or activation is None:
@@ -68,7 +85,7 @@ def make_remoe_plan(*, policy: str, model: str | None, platform: str,
             "e.g. moefleet plan --policy remoe --model deepseek-v2-lite --platform "
             "alibaba-fc-gpu --ttft 30 --tpot 1 --activation s.npy -o plan.yaml")
     name = model or "deepseek-v2-lite"
-    dims = model_dims(name)
+    dims = _dims(name)
     s_LE = load_activation(activation, name)
     spec = load_platform(platform)
     rspec = load_platform(remote_platform) if remote_platform else None

@@ -215,6 +215,10 @@ def _run(deployment: Path | None, plan: Path | None, dataset: str, tokens: int,
     # the dataset is read before anything is deployed: a bad one leaves nothing behind
     name, split = split_dataset(dataset)
     prompts = load_prompts(name, split=split)
+    main_plan = source.plan if isinstance(source, Deployment) else source
+    if main_plan.main is not None:  # Remoe: the engine runs inside the main function
+        return _run_remoe(source, adapter, platform, store, prompts, tokens, batch_size,
+                          max_length, backend_name, workers, check, dataset)
     batches = make_batches(adapter, [p.request_id for p in prompts],
                            [p.text for p in prompts], max_tokens=tokens,
                            max_length=max_length, batch_size=batch_size)
@@ -230,7 +234,45 @@ def _run(deployment: Path | None, plan: Path | None, dataset: str, tokens: int,
     return summary
 
 
+def _run_remoe(source: Any, adapter: Any, platform: Any, store: Any, prompts: Any,
+               tokens: int, batch_size: int, max_length: int, backend_name: str,
+               workers: int | None, check: bool, dataset: str) -> dict[str, Any]:
+    """A plan with a main function: ``--tokens`` output tokens per request for the first
+    ``--batch-size`` prompts, one main invocation (see moefleet.remoe.run)."""
+    from moefleet.remoe.run import run_remoe_plan
+    from moefleet.traces.profile import tokenize_prompts
+
+    kept = tokenize_prompts(adapter, [p.text for p in prompts[:batch_size]],
+                            max_tokens=max_length * batch_size, max_length=max_length)
+    ids = [list(seq) for _, seq in kept]
+    options: dict[str, Any] = {} if workers is None else {"workers": workers}
+    summary = run_remoe_plan(source, ids, platform=platform, store=store, adapter=adapter,
+                             backend=backend_name, backend_options=options,
+                             max_tokens=tokens, batch_size=batch_size, check=check)
+    summary["dataset"] = dataset
+    return summary
+
+
+def _print_remoe(s: dict[str, Any]) -> None:
+    cold, cost = s["cold_start"], s["cost_usd"]
+    gen = cost["generation"]
+    match = s.get("tokens_match_monolithic")
+    out_console(False).print(
+        f"{s['model']} on {s['platform']} ({s['policy']}, {s['backend']} backend): "
+        f"{s['requests']} requests x {s['max_tokens']} tokens\n"
+        f"cold start {cold['wall_s']:.2f} s overlapped (main {cold['main_init_s']:.2f} s, "
+        f"remote {cold['remote_init_s']:.2f} s, {cold['remote_instances']} remote "
+        f"instances)\nTTFT median {s['ttft_s']['median'] * 1e3:.0f} ms, TPOT median "
+        f"{s['tpot_s']['median'] * 1e3:.1f} ms; {s['remote_invocations']} remote calls\n"
+        f"billed ${cost['total']:.4g}: generation main ${gen['main']['cost_usd']:.3g} + "
+        f"remote ${gen['remote']['cost_usd']:.3g}; {s['gpu']}"
+        + ("" if match is None else f"\ngreedy tokens equal the monolithic model's: {match}"))
+
+
 def _print_summary(s: dict[str, Any]) -> None:
+    if "cold_start" in s:
+        _print_remoe(s)
+        return
     con = out_console(False)
     table = Table(title=f"{s['model']} on {s['platform']} ({s['backend']} backend)")
     for col in ("layer", "method", "β", "MoE latency ms", "invocations", "cold", "cost USD"):

@@ -175,7 +175,8 @@ class DeploymentPlan(_Strict):
 
     # -- checks against a model and a platform ----------------------------------------
     def check_model(self, moe_layers: list[int], num_experts: list[int], num_blocks: int) -> None:
-        if len(self.segment_memory_mb) != num_blocks:
+        # A main function runs every block itself, so its plans have no segments.
+        if self.main is None and len(self.segment_memory_mb) != num_blocks:
             raise PlanError(
                 f"plan has {len(self.segment_memory_mb)} segment functions, the model has "
                 f"{num_blocks} blocks",

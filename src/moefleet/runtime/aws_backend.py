@@ -178,6 +178,9 @@ class AwsBackend(FunctionBackend):
             if endpoint:
                 env["AWS_ENDPOINT_URL"] = endpoint
             self._sandbox = InProcessInvoker(self._api.lambda_, self._api.s3, region, env)
+            from moefleet.runtime.nested import serve_nested
+
+            self._sandbox.on_nested = lambda header, body: serve_nested(self, header, body)
 
     # -- helpers ---------------------------------------------------------------------------
     def function_name(self, name: str) -> str:

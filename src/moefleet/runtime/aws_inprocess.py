@@ -43,6 +43,7 @@ import threading
 import time
 import uuid
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,7 @@ class _Env:
     busy: bool = True
     fresh: bool = True  # no invocation yet: its first REPORT carries Init Duration
     last_used: float = field(default_factory=time.monotonic)
+    send_lock: threading.Lock = field(default_factory=threading.Lock)  # nested replies
 
 
 @dataclass(eq=False)
@@ -179,6 +181,10 @@ class InProcessInvoker:
         self._zygote: _Zygote | None = None
         self._zygote_lock = threading.Lock()
         self._closed = False
+        # Serves a handler's nested call (header, payload) -> (reply header, body); set by
+        # the backend (moefleet.runtime.nested.serve_nested on itself).
+        self.on_nested: Callable[[dict[str, Any], bytes], tuple[dict[str, Any], bytes]] | None
+        self.on_nested = None
 
     # -- control (called by the backend after the matching Lambda API call) -------------
     def register(self, function: str, code_bucket: str, code_key: str, cap: int,
@@ -234,13 +240,22 @@ class InProcessInvoker:
         if env.init_error is not None:
             self._release(fn, env, keep=False)
             return _error(env.init_error["errorType"], env.init_error["errorMessage"])
+        deadline = time.monotonic() + timeout_s
         try:
-            send_frame(env.sock, json.dumps({"request_id": request_id,
-                                             "timeout_s": timeout_s}).encode())
-            send_frame(env.sock, event)
-            env.sock.settimeout(timeout_s)
-            header = recv_frame(env.sock)
-            body = recv_frame(env.sock) if header is not None else None
+            with env.send_lock:
+                send_frame(env.sock, json.dumps({"request_id": request_id,
+                                                 "timeout_s": timeout_s}).encode())
+                send_frame(env.sock, event)
+            while True:  # nested calls of the handler first, then its result
+                env.sock.settimeout(max(0.001, deadline - time.monotonic()))
+                header = recv_frame(env.sock)
+                body = recv_frame(env.sock) if header is not None else None
+                if header is None or body is None:
+                    break
+                msg = json.loads(header)
+                if msg.get("op") != "nested":
+                    break
+                self._serve_nested(env, msg, body)
         except TimeoutError:
             self._release(fn, env, keep=False)
             return _error("Sandbox.Timedout", f"RequestId: {request_id} Error: Task timed out "
@@ -264,6 +279,23 @@ class InProcessInvoker:
         if reply["function_error"]:
             out["FunctionError"] = reply["function_error"]
         return out
+
+    def _serve_nested(self, env: _Env, header: dict[str, Any], body: bytes) -> None:
+        """Run one nested call of a handler on its own thread; answer on its socket."""
+        def run() -> None:
+            if self.on_nested is None:
+                reply: dict[str, Any] = {
+                    "op": "nested_reply", "nested": header["nested"], "ok": False,
+                    "type": "FunctionError", "message": "this invoker serves no nested calls",
+                    "hint": "use the aws backend's in-process invoker"}
+                out = b""
+            else:
+                reply, out = self.on_nested(header, body)
+            with contextlib.suppress(OSError), env.send_lock:
+                send_frame(env.sock, json.dumps(reply).encode())
+                send_frame(env.sock, out)
+
+        threading.Thread(target=run, daemon=True, name="moefleet-lambda-nested").start()
 
     def _admit(self, function: str, wait_s: float) -> tuple[_Env, _Function]:
         deadline = time.monotonic() + wait_s

@@ -50,8 +50,9 @@ Result: {{"payload_b64": <base64 of the response packet>, "cold": bool, "init_s"
           "start": float, "end": float, "puts": int, "gets": int}}
 A failing handler raises {error_type}; its message is JSON {{"phase", "type", "message",
 "hint"}} (Lambda answers FunctionError "Unhandled", errorType "{error_type}").
-The handler is built from ${config_var} on the first call of an execution environment
-(the cold start) and kept in _STATE for that environment's later (warm) calls.
+The instance (moefleet.runtime.host, the same host every backend runs) is built from
+${config_var} on the first call of an execution environment (the cold start) and kept in
+_STATE for that environment's later (warm) calls.
 """
 
 import base64
@@ -59,10 +60,9 @@ import json
 import os
 import time
 
-import torch
-
 from moefleet.runtime.base import HandlerRef
-from moefleet.runtime.handlers import CallContext, InitContext, make_handler
+from moefleet.runtime.host import HostError, Instance, error_reply
+from moefleet.runtime.nested import ChannelFunctions
 from moefleet.runtime.stores import CountingStore, RetryingStore, build_store
 
 CONFIG = json.loads(os.environ["{config_var}"])
@@ -86,44 +86,39 @@ def _store():
     return RetryingStore(counter, attempts=int(CONFIG.get("store_retries", 3))), counter
 
 
-def _requests(counter):
-    if counter is None:
-        return 0, 0
-    stats = counter.stats()
-    return stats.puts + stats.lists, stats.gets
+def _functions(context):
+    # Nested calls go back to the host that invoked this environment, when it offers a
+    # channel (the in-process invoker does); None otherwise.
+    channel = getattr(context, "moefleet_channel", None)
+    if channel is None:
+        return None
+    if _STATE.get("channel") is not channel:
+        _STATE["channel"] = channel
+        _STATE["functions"] = ChannelFunctions(channel.send, int(CONFIG["max_inline_bytes"]))
+        channel.on_reply = _STATE["functions"].deliver
+    return _STATE["functions"]
 
 
 def lambda_handler(event, context):
     phase = "run"
     try:
         body = base64.b64decode(event["payload_b64"], validate=True)
-        cold, init_s, puts, gets = "handler" not in _STATE, 0.0, 0, 0
-        if cold:
-            phase = "init"
-            t0 = time.time()
-            torch.set_num_threads(_threads())
-            store, counter = _store()
+        if "instance" not in _STATE:
             memory = int(os.environ.get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE") or CONFIG["memory_mb"])
-            init = InitContext(CONFIG["function"], memory, _threads(), store)
-            _STATE["handler"] = make_handler(HandlerRef(**CONFIG["handler"]), init)
-            init_s = time.time() - t0
-            puts, gets = _requests(counter)
-            phase = "run"
-        store, counter = _store()
-        ctx = CallContext(CONFIG["function"], event.get("request_id"), store,
-                          int(CONFIG["max_inline_bytes"]))
-        start = time.time()
-        out = bytes(_STATE["handler"](body, ctx))
-        end = time.time()
-        run_puts, run_gets = _requests(counter)
+            _STATE["instance"] = Instance(CONFIG["function"], memory, _threads(),
+                                          HandlerRef(**CONFIG["handler"]), _store,
+                                          int(CONFIG["max_inline_bytes"]))
+        instance = _STATE["instance"]
+        cold = not instance.loaded
+        started = instance.start()
+        res = instance.call(body, event.get("request_id"), _functions(context))
     except Exception as err:
-        raise {error_type}(json.dumps({{
-            "phase": phase, "type": type(err).__name__,
-            "message": getattr(err, "message", None) or str(err) or repr(err),
-            "hint": getattr(err, "hint", "")}})) from None
-    return {{"payload_b64": base64.b64encode(out).decode("ascii"), "cold": cold,
-            "init_s": init_s, "start": start, "end": end, "puts": puts + run_puts,
-            "gets": gets + run_gets}}
+        if isinstance(err, HostError):
+            phase, err = err.phase, err.error
+        raise {error_type}(json.dumps(error_reply(phase, err))) from None
+    return {{"payload_b64": base64.b64encode(res.out).decode("ascii"), "cold": cold,
+            "init_s": started.init_s, "start": res.start, "end": res.end,
+            "puts": started.puts + res.puts, "gets": started.gets + res.gets}}
 '''
 
 

@@ -20,9 +20,12 @@ imports moefleet from the function's unpacked code, as Lambda does.
 Wire format on an environment socket: frames of an 8-byte big-endian length and bytes.
 Env → parent first: ``{"init_ms", "init_error"}``. Then per event, parent → env: a JSON
 header ``{"request_id", "timeout_s"}`` and the event bytes; env → parent: a JSON header
-``{"function_error", "duration_ms", "max_memory_mb"}`` and the response bytes. A
-process death mid-event is seen by the parent as end-of-stream (Lambda's
-``Runtime.ExitError``). Nothing is pickled.
+``{"function_error", "duration_ms", "max_memory_mb"}`` and the response bytes. While an
+event runs, the handler may send ``{"op": "nested", ...}`` + payload pairs (a call of
+another function, :mod:`moefleet.runtime.nested`) through ``context.moefleet_channel``;
+the parent answers each with a ``{"op": "nested_reply", ...}`` pair, which a reader thread
+hands to ``channel.on_reply``. A process death mid-event is seen by the parent as
+end-of-stream (Lambda's ``Runtime.ExitError``). Nothing is pickled.
 """
 
 from __future__ import annotations
@@ -31,13 +34,16 @@ import contextlib
 import importlib
 import json
 import os
+import queue
 import resource
 import signal
 import socket
 import struct
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 _LEN = struct.Struct(">Q")
@@ -82,6 +88,37 @@ class _Context:
         return max(0, int((self._deadline - time.monotonic()) * 1000))
 
 
+class _Channel:
+    """The environment's socket, shared by the runtime loop and the handler's nested
+    calls: ``send`` writes one (header, body) pair atomically; ``on_reply`` (set by the
+    entry point) receives every ``nested_reply`` pair."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._lock = threading.Lock()
+        self.on_reply: Callable[[dict[str, Any], bytes], None] | None = None
+
+    def send(self, header: dict[str, Any], body: bytes = b"") -> None:
+        with self._lock:
+            send_frame(self._sock, json.dumps(header).encode())
+            send_frame(self._sock, body)
+
+    def read(self, inbox: queue.SimpleQueue[tuple[bytes, bytes] | None]) -> None:
+        """Reader thread: replies to nested calls go to ``on_reply``, events to ``inbox``."""
+        while True:
+            header = recv_frame(self._sock)
+            body = recv_frame(self._sock) if header is not None else None
+            if header is None or body is None:
+                inbox.put(None)
+                return
+            parsed = json.loads(header)
+            if parsed.get("op") == "nested_reply":
+                if self.on_reply is not None:
+                    self.on_reply(parsed, body)
+            else:
+                inbox.put((header, body))
+
+
 def _serve(sock: socket.socket, request: dict[str, Any]) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the zygote ignores it; handlers may not
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's; it kills by pid
@@ -102,13 +139,17 @@ def _serve(sock: socket.socket, request: dict[str, Any]) -> None:
                                  "init_error": init_error}).encode())
     if init_error is not None:
         return
+    channel = _Channel(sock)
+    inbox: queue.SimpleQueue[tuple[bytes, bytes] | None] = queue.SimpleQueue()
+    threading.Thread(target=channel.read, args=(inbox,), daemon=True).start()
     while True:
-        header_bytes = recv_frame(sock)
-        event = recv_frame(sock) if header_bytes is not None else None
-        if header_bytes is None or event is None:
+        item = inbox.get()
+        if item is None:
             return  # the parent closed this environment
+        header_bytes, event = item
         header = json.loads(header_bytes)
         context = _Context(request["env"], header["request_id"], float(header["timeout_s"]))
+        context.moefleet_channel = channel  # type: ignore[attr-defined]
         t0 = time.perf_counter()
         function_error = None
         try:
@@ -120,8 +161,7 @@ def _serve(sock: socket.socket, request: dict[str, Any]) -> None:
         reply = {"function_error": function_error,
                  "duration_ms": (time.perf_counter() - t0) * 1000,
                  "max_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}
-        send_frame(sock, json.dumps(reply).encode())
-        send_frame(sock, body)
+        channel.send(reply, body)
 
 
 def main(control_fd: int, preload: list[str]) -> None:

@@ -45,8 +45,10 @@ from moefleet.runtime.errors import (
     UnknownFunctionError,
 )
 
-FunctionKind = Literal["segment", "expert", "aux"]
-_KINDS = ("segment", "expert", "aux")
+# main: a function that runs the model loop and invokes others (Remoe); backends give
+# main functions their own instance slots so one waiting on its experts never starves them.
+FunctionKind = Literal["segment", "expert", "aux", "main"]
+_KINDS = ("segment", "expert", "aux", "main")
 
 _log = logging.getLogger(__name__)
 

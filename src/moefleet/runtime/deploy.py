@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from moefleet.runtime.weights import ModelLayout, upload_model
 DEPLOYMENT_FORMAT = 1
 DEFAULT_KEEP_ALIVE_S = 600.0
 DEFAULT_TIMEOUT_S = 300.0
+MAIN_KV_MB = 64  # KV cache of a main function (counted against its memory)
 
 
 @dataclass
@@ -137,13 +139,19 @@ def check_plan(plan: DeploymentPlan, adapter: MoEModelAdapter, platform: Platfor
     plan.check_platform(platform)
 
 
+def deployment_key(prefix: str) -> str:
+    """Where a deployment with a main function keeps its own JSON (the main reads it)."""
+    return f"{prefix}/deployment.json"
+
+
 def function_specs(
     plan: DeploymentPlan, layout: ModelLayout, platform: PlatformSpec, *,
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S, timeout_s: float | None = None,
-    namespace: str = "",
+    namespace: str = "", prefix: str = "",
 ) -> list[FunctionSpec]:
     """One spec per function of ``plan.placement()`` (segments first, then experts by
-    layer), named as the placement names them, behind ``namespace``."""
+    layer, then the main function), named as the placement names them, behind
+    ``namespace``. A main function reads the deployment from ``deployment_key(prefix)``."""
     limit = platform.limits.timeout_s if platform.limits else None
     timeout = timeout_s or min(DEFAULT_TIMEOUT_S, limit or DEFAULT_TIMEOUT_S)
     common: dict[str, Any] = {"keep_alive_s": keep_alive_s, "timeout_s": timeout}
@@ -161,9 +169,13 @@ def function_specs(
                 "moefleet.runtime.handlers:expert_handler",
                 {"layer": layer, "skeleton": layout.skeleton,
                  "weights": {str(i): layout.expert_key(layer, i) for i in fn.experts}})
+        elif fn.role == "main":
+            kind, handler = "main", HandlerRef(
+                "moefleet.remoe.handler:main_handler",
+                {"deployment": deployment_key(prefix), "kv_mb": MAIN_KV_MB})
         else:
-            raise PlanError(f"function {fn.name!r}: role {fn.role!r} has no handler yet",
-                            "deploy plans without a main function")
+            raise PlanError(f"function {fn.name!r}: role {fn.role!r} has no handler",
+                            "fix the plan's placement")
         specs.append(FunctionSpec(namespace + fn.name, kind, handler,
                                   memory_mb=fn.memory_mb, replicas=fn.replicas,
                                   concurrency=fn.concurrency, layer=fn.layer,
@@ -184,12 +196,14 @@ def deploy_plan(
     prefix = prefix or f"deployments/{uuid.uuid4().hex[:12]}"
     layout = upload_model(adapter, store, prefix)
     specs = function_specs(plan, layout, platform, keep_alive_s=keep_alive_s,
-                           timeout_s=timeout_s, namespace=namespace)
+                           timeout_s=timeout_s, namespace=namespace, prefix=prefix)
     deployment = Deployment(
         model=model_ref or plan.model, platform=platform.name,
         backend=backend.name if backend is not None else backend_name, store=store.url,
         prefix=prefix, plan=plan, layout=layout, shape=adapter.summary(),
         functions=specs, namespace=namespace)
+    if plan.main is not None:  # the main function reads its deployment from the store
+        store.put(deployment_key(prefix), json.dumps(deployment.to_dict()).encode())
     if backend is not None:
         install(deployment, backend)
     return deployment

@@ -42,9 +42,11 @@ import torch
 from moefleet.platform import InvocationRecord, ObjectStore, PlatformSpec, polling
 from moefleet.runtime import scatter
 from moefleet.runtime.base import FunctionBackend, InvokeResult
+from moefleet.runtime.calls import ExpertDirect, SegmentPost, SegmentPre, Transfer, expert_call
 from moefleet.runtime.deploy import Deployment
 from moefleet.runtime.errors import FunctionError, GatherError, PayloadTooLargeError
 from moefleet.runtime.handlers import skipped_NK
+from moefleet.runtime.messages import encode
 from moefleet.runtime.payload import Packet, pack, pack_spilling, resolve, unpack
 from moefleet.runtime.stores import CountingStore, RetryingStore
 
@@ -189,12 +191,12 @@ class Executor:
         T = ids_BT.shape[1]
         for block in range(self.dep.num_layers):
             seg = self.dep.segment_function(block)
-            meta: dict[str, Any] = {"op": "pre", "ctx": ctx_skel,
-                                    "spill_prefix": f"{prefix}/spill-{block}-pre"}
             lp = self.dep.plan.layer(block) if block in moe else None
+            spread = None
             if lp is not None and lp.method != "direct":
-                meta["scatter"] = {"prefix": prefix, "method": lp.method, "beta": lp.beta,
-                                   "replicas": self._replicas[block]}
+                spread = Transfer(prefix, lp.method, lp.beta,
+                                  tuple(self._replicas[block])).to_json()
+            meta = encode(SegmentPre(ctx_skel, f"{prefix}/spill-{block}-pre", spread))
             early_s: float | None = None
             if lp is not None and lp.method == "pipelined":
                 gate = self._side.submit(self._invoke, seg, {**inputs, **ctx_t},
@@ -225,8 +227,7 @@ class Executor:
             stats.token_slots = sum(s.size for s in shares)
             stats.invocations = len(shares)
             post_t, post_r = _pick(pre, "residual_BTD", "x_BTD")
-            post_meta: dict[str, Any] = {"op": "post", "ctx": ctx_skel,
-                                         "spill_prefix": f"{prefix}/spill-{block}-post"}
+            gather = None
             t0 = time.perf_counter()
             if lp.method == "direct":
                 post_t["routed_ND"] = self._direct(block, pre, shares, w_NK, rids, T, prefix,
@@ -235,8 +236,9 @@ class Executor:
                 if early_s is None:
                     self._indirect(block, lp.method, lp.beta, shares, rids, T, prefix, att)
                 post_t["ids_NK"] = ids_NK
-                post_meta["gather"] = {"prefix": prefix, "method": lp.method, "beta": lp.beta,
-                                       "replicas": self._replicas[block]}
+                gather = Transfer(prefix, lp.method, lp.beta,
+                                  tuple(self._replicas[block])).to_json()
+            post_meta = encode(SegmentPost(ctx_skel, f"{prefix}/spill-{block}-post", gather))
             stats.experts_s = time.perf_counter() - t0 if early_s is None else early_s
             if block == self.dep.num_layers - 1:
                 post_t.update(ctx_t)
@@ -274,7 +276,7 @@ class Executor:
             for piece, s, e in cut:
                 pieces.append(piece)
                 jobs.append((fn, {"x": x_nD[s:e], "w": w_n[s:e]},
-                             {"mode": "direct", "expert": share.expert},
+                             encode(ExpertDirect(((share.expert, piece.size),))),
                              _token_share(piece, rids, T)))
 
         def one(job: tuple[str, dict[str, torch.Tensor], dict[str, Any], dict[str, float]]
@@ -301,8 +303,7 @@ class Executor:
         for share in shares:
             in_keys, out_keys = scatter.share_keys(
                 prefix, share, scatter.object_beta(method, beta, share.size))
-            meta = {"mode": method, "expert": share.expert, "in_keys": in_keys,
-                    "out_keys": out_keys, "tokens": share.size}
+            meta = encode(expert_call(method, share.expert, in_keys, out_keys, share.size))
             jobs.append((share, meta, _token_share(share, rids, T)))
 
         def one(job: tuple[scatter.Share, dict[str, Any], dict[str, float]]) -> None:

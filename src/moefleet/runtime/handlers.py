@@ -5,11 +5,14 @@ A handler factory is called once per instance (the cold start) as
 object store; the handler is then called per invocation as ``handler(payload, CallContext)
 -> bytes``. Payloads are packets (:mod:`moefleet.runtime.payload`).
 
-- :func:`segment_handler` — the non-expert part of block ``l``. ``op=pre``: (embed on block
+Requests are typed messages (:mod:`moefleet.runtime.calls`).
+
+- :func:`segment_handler` — the non-expert part of block ``l``. ``segment.pre``: (embed on block
   0) attention + gate, and for storage methods the *scatter*: each expert replica's input
-  minibatches are uploaded by this function. ``op=post``: the *gather* (storage methods
+  minibatches are uploaded by this function. ``segment.post``: the *gather* (storage methods
   download the replicas' outputs here; ``direct`` receives them from the caller), shared
-  experts, residual, and the head on the last block. Dense blocks run whole in ``op=pre``.
+  experts, residual, and the head on the last block. Dense blocks run whole in
+  ``segment.pre``.
 - :func:`expert_handler` — one or more experts of one MoE layer; ``direct`` (tokens in the
   payload), ``storage`` (one object in, one out) or ``pipelined`` (minibatches of β tokens:
   the download of minibatch m+1 and the upload of m-1 run in threads while m computes).
@@ -24,9 +27,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,17 @@ import torch
 from moefleet.models.base import ForwardContext
 from moefleet.platform import ObjectNotFoundError, ObjectStore, polling
 from moefleet.runtime import scatter, transfer, weights
-from moefleet.runtime.base import HandlerRef
+from moefleet.runtime.calls import (
+    ExpertDirect,
+    ExpertPipelined,
+    ExpertStorage,
+    SegmentPost,
+    SegmentPre,
+    Transfer,
+)
 from moefleet.runtime.errors import FunctionError, PayloadError
+from moefleet.runtime.host import CallContext, Handler, InitContext, make_handler
+from moefleet.runtime.messages import Warm, decode, encode
 from moefleet.runtime.payload import (
     flatten_context,
     need,
@@ -47,7 +57,6 @@ from moefleet.runtime.payload import (
     unflatten_context,
     unpack,
 )
-from moefleet.runtime.stores import import_callable
 
 _WAIT_S = 120.0  # how long a pipelined expert waits for a minibatch the gate uploads
 MB = 1024 * 1024
@@ -55,35 +64,10 @@ Tensors = dict[str, torch.Tensor]
 Json = dict[str, Any]
 
 
-@dataclass
-class InitContext:
-    """Cold-start context: the instance's function, memory and thread budget, and a store
-    (requests made here are billed to the cold invocation)."""
-
-    function: str
-    memory_mb: int
-    threads: int
-    store: ObjectStore | None
-
-
-@dataclass
-class CallContext:
-    """Per-invocation context; ``max_inline_bytes`` is the platform's payload limit."""
-
-    function: str
-    request_id: str | None
-    store: ObjectStore | None
-    max_inline_bytes: int
-
-
-Handler = Callable[[bytes, CallContext], bytes]
-
-
-def make_handler(ref: HandlerRef, init: InitContext) -> Handler:
-    """Import and call the factory named by ``ref``."""
-    factory = import_callable(ref.factory, FunctionError)
-    handler: Handler = factory(dict(ref.config), init)
-    return handler
+# The instance-side types live in the host (one for every backend); re-exported here for
+# handler authors, who import them from this module.
+__all__ = ["CallContext", "Handler", "InitContext", "debug_handler", "expert_handler",
+           "make_handler", "segment_handler"]
 
 
 def _require_store(store: ObjectStore | None, function: str) -> ObjectStore:
@@ -127,23 +111,25 @@ class _Segment:
     def __call__(self, payload: bytes, ctx: CallContext) -> bytes:
         packet = unpack(payload)
         resolve(packet, ctx.store)
-        meta = packet.meta
+        msg = decode(packet.meta, SegmentPre, SegmentPost)
         out: dict[str, torch.Tensor] = {}
         info: dict[str, Any] = {}
         with torch.no_grad():
-            if meta["op"] == "pre":
-                self._pre(packet.tensors, meta, out, info, ctx)
-            elif meta["op"] == "post":
-                self._post(packet.tensors, meta, out, info, ctx)
+            if isinstance(msg, SegmentPre):
+                self._pre(packet.tensors, msg, out, info, ctx)
             else:
-                raise PayloadError(f"{self.function}: unknown op {meta['op']!r}", "pre or post")
+                self._post(packet.tensors, msg, out, info, ctx)
         return pack_spilling(out, info, None, max_bytes=ctx.max_inline_bytes, store=ctx.store,
-                             prefix=meta.get("spill_prefix", f"spill/{self.function}"))
+                             prefix=msg.spill_prefix)
 
-    def _context(self, t: dict[str, torch.Tensor], meta: dict[str, Any]) -> ForwardContext:
-        return unflatten_context(t, meta["ctx"])
+    def _context(self, t: dict[str, torch.Tensor], skeleton: Json | None) -> ForwardContext:
+        if skeleton is None:
+            raise PayloadError(f"{self.function}: block {self.block} needs the forward "
+                               "context block 0 returned", "pass its 'ctx' along")
+        return unflatten_context(t, skeleton)
 
-    def _pre(self, t: Tensors, meta: Json, out: Tensors, info: Json, ctx: CallContext) -> None:
+    def _pre(self, t: Tensors, msg: SegmentPre, out: Tensors, info: Json,
+             ctx: CallContext) -> None:
         a = self.adapter
         if self.block == 0:
             (ids_BT,) = need(t, "input_ids_BT")
@@ -152,7 +138,7 @@ class _Segment:
             out.update(ctx_tensors)
         else:
             (h_BTD,) = need(t, "h_BTD")
-            fctx = self._context(t, meta)
+            fctx = self._context(t, msg.ctx)
         residual_BTD, x_BTD = a.pre_moe(self.block, h_BTD, fctx)
         if not self.is_moe:
             h_BTD = a.post_moe(self.block, residual_BTD, x_BTD, None)
@@ -169,44 +155,45 @@ class _Segment:
             pad_N = fctx.attention_mask_BT.reshape(-1) == 0
             ids_NK = ids_NK.masked_fill(pad_N[:, None], -1)
         out.update(residual_BTD=residual_BTD, x_BTD=x_BTD, ids_NK=ids_NK, w_NK=w_NK)
-        if meta.get("scatter"):
+        spec = msg.transfer
+        if spec is not None:
             t0 = time.perf_counter()
-            self._scatter(meta["scatter"], x_ND, ids_NK, w_NK, ctx)
+            self._scatter(spec, x_ND, ids_NK, w_NK, ctx)
             info["scatter_s"] = time.perf_counter() - t0
 
-    def _scatter(self, spec: Json, x_ND: torch.Tensor, ids_NK: torch.Tensor,
+    def _scatter(self, spec: Transfer, x_ND: torch.Tensor, ids_NK: torch.Tensor,
                  w_NK: torch.Tensor, ctx: CallContext) -> None:
         store = _require_store(ctx.store, self.function)
-        pipelined = spec["method"] == "pipelined"
-        if pipelined:
+        if spec.method == "pipelined":
             # Routing first: the coordinator starts the experts on it, and each expert
             # computes its first minibatch while this gate still uploads the rest.
-            store.put(scatter.route_key(spec["prefix"], self.block), pack({"ids_NK": ids_NK}))
-        shares = scatter.assign(self.block, ids_NK, spec["replicas"])
-        transfer.upload_shares(store, spec["prefix"], spec["method"], spec["beta"], shares,
-                               x_ND, w_NK)
+            store.put(scatter.route_key(spec.prefix, self.block), pack({"ids_NK": ids_NK}))
+        shares = scatter.assign(self.block, ids_NK, list(spec.replicas))
+        transfer.upload_shares(store, spec.prefix, spec.method, spec.beta, shares, x_ND, w_NK)
 
-    def _post(self, t: Tensors, meta: Json, out: Tensors, info: Json, ctx: CallContext) -> None:
+    def _post(self, t: Tensors, msg: SegmentPost, out: Tensors, info: Json,
+              ctx: CallContext) -> None:
         a = self.adapter
         residual_BTD, x_BTD = need(t, "residual_BTD", "x_BTD")
-        if "gather" in meta:
+        spec = msg.transfer
+        if spec is not None:
             t0 = time.perf_counter()
             (ids_NK,) = need(t, "ids_NK")
-            routed_ND = self._gather(meta["gather"], ids_NK, x_BTD, info, ctx)
+            routed_ND = self._gather(spec, ids_NK, x_BTD, info, ctx)
             info["gather_s"] = time.perf_counter() - t0
         else:
             (routed_ND,) = need(t, "routed_ND")
         h_BTD = a.post_moe(self.block, residual_BTD, x_BTD, routed_ND.reshape(x_BTD.shape))
         if self.is_last:
-            out["out"] = a.finish(h_BTD, self._context(t, meta))
+            out["out"] = a.finish(h_BTD, self._context(t, msg.ctx))
         else:
             out["h_BTD"] = h_BTD
 
-    def _gather(self, spec: Json, ids_NK: torch.Tensor, x_BTD: torch.Tensor, info: Json,
+    def _gather(self, spec: Transfer, ids_NK: torch.Tensor, x_BTD: torch.Tensor, info: Json,
                 ctx: CallContext) -> torch.Tensor:
         store = _require_store(ctx.store, self.function)
-        shares = scatter.assign(self.block, ids_NK, spec["replicas"])
-        keys = transfer.output_keys(spec["prefix"], spec["method"], spec["beta"], shares)
+        shares = scatter.assign(self.block, ids_NK, list(spec.replicas))
+        keys = transfer.output_keys(spec.prefix, spec.method, spec.beta, shares)
         parts = transfer.download_parts(store, shares, keys)
         info["gathered"] = [[s.label, s.size] for s in shares]
         x_ND = x_BTD.reshape(-1, x_BTD.shape[-1])
@@ -250,45 +237,35 @@ class _Expert:
 
     def __call__(self, payload: bytes, ctx: CallContext) -> bytes:
         packet = unpack(payload)
-        meta = packet.meta
-        mode = meta["mode"]
-        if mode == "direct":
+        msg = decode(packet.meta, Warm, ExpertDirect, ExpertStorage, ExpertPipelined)
+        if isinstance(msg, Warm):  # the cold start is all it asks for
+            return pack(meta=encode(msg))
+        if isinstance(msg, ExpertDirect):
             resolve(packet, ctx.store)
             x_nD, w_n = need(packet, "x", "w")
-            # Several experts of a group function in one call: "experts" = [[id, rows]...],
-            # their rows consecutive in x (RemoteExperts merges a replica's shares).
-            runs = meta.get("experts") or [[meta["expert"], x_nD.shape[0]]]
-            if sum(int(n) for _, n in runs) != x_nD.shape[0]:
-                raise PayloadError(f"{self.function}: experts {runs} cover "
-                                   f"{sum(int(n) for _, n in runs)} of {x_nD.shape[0]} rows",
+            # Several experts of a group function in one call, their rows consecutive
+            # in x (RemoteExperts merges a replica's shares).
+            if msg.rows != x_nD.shape[0]:
+                raise PayloadError(f"{self.function}: runs {list(msg.runs)} cover "
+                                   f"{msg.rows} of {x_nD.shape[0]} rows",
                                    "the caller must give one row count per expert")
             ys, start = [], 0
-            for e, n in runs:
-                ys.append(self._run(int(e), x_nD[start:start + int(n)],
-                                    w_n[start:start + int(n)]))
-                start += int(n)
+            for e, n in msg.runs:
+                ys.append(self._run(e, x_nD[start:start + n], w_n[start:start + n]))
+                start += n
             return pack({"y": torch.cat(ys) if ys else x_nD[:0]})
-        expert = int(meta["expert"])
         store = _require_store(ctx.store, self.function)
-        in_keys, out_keys = meta["in_keys"], meta["out_keys"]
-        if len(in_keys) != len(out_keys) or not in_keys:
-            raise PayloadError(f"{self.function}: {len(in_keys)} input and {len(out_keys)} "
-                               "output keys", "the caller must pass one output key per input")
         t0 = time.perf_counter()
-        if mode == "storage":
-            for key_in, key_out in zip(in_keys, out_keys, strict=True):
+        if isinstance(msg, ExpertStorage):
+            for key_in, key_out in zip(msg.in_keys, msg.out_keys, strict=True):
                 x_nD, w_n = need(unpack(store.get(key_in)), "x", "w")
-                store.put(key_out, pack({"y": self._run(expert, x_nD, w_n)}))
-        elif mode == "pipelined":
-            self._pipelined(store, expert, in_keys, out_keys)
+                store.put(key_out, pack({"y": self._run(msg.expert, x_nD, w_n)}))
         else:
-            raise PayloadError(f"{self.function}: unknown mode {mode!r}",
-                               "direct, storage or pipelined")
-        return pack(meta={"tokens": int(meta.get("tokens", 0)),
-                          "compute_io_s": time.perf_counter() - t0})
+            self._pipelined(store, msg.expert, msg.in_keys, msg.out_keys)
+        return pack(meta={"tokens": msg.tokens, "compute_io_s": time.perf_counter() - t0})
 
-    def _pipelined(self, store: ObjectStore, expert: int, in_keys: list[str],
-                   out_keys: list[str]) -> None:
+    def _pipelined(self, store: ObjectStore, expert: int, in_keys: tuple[str, ...],
+                   out_keys: tuple[str, ...]) -> None:
         # Two I/O threads: one prefetches minibatch m+1 while m computes on this thread,
         # the other uploads finished minibatches, so transfers hide behind compute.
         with ThreadPoolExecutor(2) as pool:
@@ -335,7 +312,9 @@ def debug_handler(config: dict[str, Any], init: InitContext) -> Handler:
     exits at once), ``crash_once`` (exit unless ``flag`` file exists; creates it),
     ``fail`` (raise ValueError), ``store`` (``puts`` PUTs then GETs of one key), ``copy``
     (GET ``in``, PUT it as ``out``), ``big`` (return ``nbytes`` of tensor), ``alloc`` (hold
-    ``nbytes`` of touched memory for the call), ``spin`` (burn ``seconds`` of CPU), ``pid``."""
+    ``nbytes`` of touched memory for the call), ``spin`` (burn ``seconds`` of CPU), ``pid``,
+    ``nested`` (``calls`` concurrent ``ctx.functions`` calls of ``target`` with meta
+    ``inner``; returns their pids and whether each was cold)."""
     time.sleep(float(config.get("init_sleep_s", 0.0)))
     if config.get("init_fail"):
         raise ValueError(f"{init.function}: init_fail was set")
@@ -377,8 +356,27 @@ def debug_handler(config: dict[str, Any], init: InitContext) -> Handler:
             until = time.process_time() + float(meta["seconds"])
             while time.process_time() < until:
                 pass
+        elif op == "nested":  # ``calls`` concurrent calls of ``target``
+            return _nested_debug(meta, ctx)
         elif op != "pid":
             raise PayloadError(f"{ctx.function}: unknown debug op {op!r}", "see debug_handler")
         return pack(meta={"pid": os.getpid(), "op": op})
 
     return handle
+
+
+def _nested_debug(meta: Json, ctx: CallContext) -> bytes:
+    if ctx.functions is None:
+        raise FunctionError(f"{ctx.function}: this backend gives handlers no functions",
+                            "run it on the local, ray or aws backend")
+    functions = ctx.functions
+    body = pack(meta=dict(meta.get("inner", {"op": "pid"})))
+    calls = max(1, min(64, int(meta.get("calls", 1))))
+    with ThreadPoolExecutor(calls) as pool:
+        results = list(pool.map(
+            lambda _: functions.invoke(str(meta["target"]), body, request_id=ctx.request_id),
+            range(calls)))
+    return pack(meta={"pid": os.getpid(), "op": "nested",
+                      "pids": [unpack(r.payload).meta.get("pid") for r in results],
+                      "cold": [r.record.cold for r in results],
+                      "functions": [r.record.function for r in results]})

@@ -19,6 +19,8 @@ What is **emulated** (one machine standing in for a FaaS fleet):
   (:mod:`moefleet.runtime.local_limits`; ``limits=False`` turns both off);
 - process start and ``import torch`` are paid once per worker (forkserver preload), not
   per instance: ``init_s`` is instance construction + weight download + load only;
+- main functions (kind ``main``, calling others through ``ctx.functions``) run on their
+  own ``main_workers`` workers: a main waiting on its experts never holds their slots;
 - the store is whatever ``store`` names (a local directory by default: far faster than S3;
   pass ``store_latency=(latency_s, bytes_per_s)`` to emulate the platform's storage);
 - ``wire="base64"`` gives packets the aws backend's inline budget (base64 inside a JSON
@@ -29,8 +31,7 @@ Memory (measured, benchmarks/runtime_overhead.py and the README's command): an i
 worker is ~100 MB PSS (~285 MB RSS, most of it torch/transformers pages shared with the
 forkserver); one process per function would be ~330 MB RSS each (spawn + torch +
 transformers), i.e. ~17 GB for minilm-moe-e8's 54 functions, where 2 workers hosting all
-54 instances measured 336 MB PSS in total. Default pool size: the machine's cores, fewer
-if available memory is short (512 MB planned per worker).
+54 instances measured 336 MB PSS in total. Default pool size: the cores (fewer if short).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from moefleet.runtime.errors import (
 from moefleet.runtime.local_limits import EMULATED_NOTE, limits_default
 from moefleet.runtime.local_pool import Call, Worker, WorkerPool, default_workers, process_memory_mb
 from moefleet.runtime.local_worker import send_msg
+from moefleet.runtime.nested import serve_in_thread
 from moefleet.runtime.retry import call_with_retries
 
 _TICK_S = 0.05  # housekeeping period (deadlines, keep-alive)
@@ -80,6 +82,7 @@ class _Instance:
     id: str
     function: str
     slot: int
+    pool: str = "fn"  # "fn" (every kind but main) or "main"
     in_flight: int = 0
     loaded: bool = False
     last_used: float = field(default_factory=time.monotonic)
@@ -98,7 +101,8 @@ class LocalBackend(FunctionBackend):
     ``retry_backoff_s`` x 1, 2, 4 ...; a call waits at most ``admission_timeout_s``
     (default: its timeout + 60 s) for a free instance slot. ``store_latency`` =
     (seconds, bytes/s) emulates a remote store; ``store_wrap`` = ("module:factory",
-    options) wraps the workers' store (fault injection)."""
+    options) wraps the workers' store (fault injection). ``main_workers`` is the size of
+    the separate pool main functions run on."""
 
     name = "local"
 
@@ -119,6 +123,7 @@ class LocalBackend(FunctionBackend):
         startup_timeout_s: float = 180.0,
         limits: bool | None = None,
         wire: str = "raw",
+        main_workers: int = 1,
     ) -> None:
         self.platform = load_platform(platform) if isinstance(platform, str) else platform
         if wire not in ("raw", "base64"):
@@ -145,12 +150,16 @@ class LocalBackend(FunctionBackend):
         self.limits = limits_default() if limits is None else limits
         self._counters: dict[str, Any] = {"retries": 0, "timeouts": 0, "cold_starts": 0,
                                           "out_of_memory": 0, "cpu_stretch_s": 0.0}
-        self._pool = WorkerPool(
-            workers or default_workers(),
+        if main_workers < 1:
+            raise ValueError(f"main_workers must be >= 1, got {main_workers}")
+        self._main_workers = main_workers
+        self._pool_options: dict[str, Any] = dict(
             config={"op": "config", "store": store_cfg, "store_retries": store_retries,
                     "max_inline_bytes": self.max_inline_bytes, "limits": self.limits},
-            cond=self._cond, on_lost=self._forget_slot, start_method=start_method,
-            startup_timeout_s=startup_timeout_s)
+            cond=self._cond, start_method=start_method, startup_timeout_s=startup_timeout_s,
+            on_nested=self._serve_nested)
+        self._pools: dict[str, WorkerPool] = {}
+        self._pools["fn"] = self._new_pool("fn", workers or default_workers())
         self._housekeeper = threading.Thread(target=self._housekeep, daemon=True,
                                              name="moefleet-local-housekeeper")
         self._housekeeper.start()
@@ -160,30 +169,52 @@ class LocalBackend(FunctionBackend):
         """The packet budget: the raw payload limit, or the base64 one (``wire``)."""
         return self._limit
 
-    def _forget_slot(self, slot: int) -> None:
-        # Called under self._cond when a worker dies: its instances (and weights) are gone.
-        for fn in self._functions.values():
-            fn.instances = [i for i in fn.instances if i.slot != slot]
+    def _new_pool(self, key: str, size: int) -> WorkerPool:
+        def forget(slot: int) -> None:
+            # Called under self._cond when a worker dies: its instances are gone.
+            for fn in self._functions.values():
+                fn.instances = [i for i in fn.instances
+                                if not (i.pool == key and i.slot == slot)]
+
+        return WorkerPool(size, on_lost=forget, name="main" if key == "main" else "worker",
+                          **self._pool_options)
+
+    @property
+    def _pool(self) -> WorkerPool:
+        return self._pools["fn"]
+
+    def _pool_of(self, spec: FunctionSpec) -> str:
+        return "main" if spec.kind == "main" else "fn"
+
+    def _serve_nested(self, w: Worker, header: dict[str, Any], body: bytes) -> None:
+        """A handler's ``ctx.functions.invoke``: run here like any call, on a thread."""
+        def answer(reply: dict[str, Any], out: bytes) -> None:
+            with w.send_lock:
+                send_msg(w.conn, reply, out)
+        serve_in_thread(self, header, body, answer)
 
     def _housekeep(self) -> None:
         while not self._closed:
             time.sleep(_TICK_S)
             now = time.monotonic()
             with self._cond:
-                self._pool.enforce_deadlines(now)
+                pools = list(self._pools.values())
+                for pool in pools:
+                    pool.enforce_deadlines(now)
                 for fn in self._functions.values():
                     for inst in [i for i in fn.instances if i.in_flight == 0
                                  and now - i.last_used > fn.spec.keep_alive_s]:
                         self._retire(fn, inst)
-            self._pool.flush_unloads()
+            for pool in pools:
+                pool.flush_unloads()
 
-    def _worker(self, slot: int) -> Worker | None:
-        w = self._pool.workers[slot]
+    def _worker(self, inst: _Instance) -> Worker | None:
+        w = self._pools[inst.pool].workers[inst.slot]
         return w if w is not None and w.alive else None
 
     def _retire(self, fn: _Function, inst: _Instance) -> None:
         fn.instances.remove(inst)
-        w = self._worker(inst.slot)
+        w = self._worker(inst)
         if w is not None:
             w.hosted.discard(inst.id)
             w.pending_unload.append(inst.id)
@@ -192,6 +223,8 @@ class LocalBackend(FunctionBackend):
     def deploy(self, spec: FunctionSpec) -> FunctionSpec:
         self._check_open()
         spec = validate_spec(self.platform, spec)
+        if spec.kind == "main":
+            self._ensure_main_pool()
         with self._cond:
             old = self._functions.get(spec.name)
             if old is not None:  # a new version: old instances finish, then are unloaded
@@ -200,6 +233,17 @@ class LocalBackend(FunctionBackend):
             self._functions[spec.name] = _Function(spec)
             self._cond.notify_all()
         return spec
+
+    def _ensure_main_pool(self) -> None:
+        with self._cond:
+            if "main" in self._pools:
+                return
+        pool = self._new_pool("main", self._main_workers)  # outside the lock: slow
+        with self._cond:
+            keep = "main" not in self._pools and not self._closed
+            self._pools.setdefault("main", pool)
+        if not keep:
+            pool.stop()
 
     def functions(self) -> dict[str, FunctionSpec]:
         with self._cond:
@@ -227,9 +271,10 @@ class LocalBackend(FunctionBackend):
     def stats(self) -> dict[str, Any]:
         """Counters (respawns, retries, timeouts, cold starts) and the pool's memory."""
         with self._cond:
-            out: dict[str, Any] = {**self._counters, "respawns": self._pool.respawns}
+            out: dict[str, Any] = {**self._counters,
+                                   "respawns": sum(p.respawns for p in self._pools.values())}
             out["limits"] = EMULATED_NOTE if self.limits else "off"
-            workers = self._pool.live()
+            workers = [w for p in self._pools.values() for w in p.live()]
             out["instances"] = sum(len(fn.instances) for fn in self._functions.values())
         out["workers"] = [{"slot": w.slot, "pid": w.pid, "instances": len(w.hosted),
                            **process_memory_mb(w.pid)} for w in workers]
@@ -237,7 +282,7 @@ class LocalBackend(FunctionBackend):
 
     def worker_pids(self) -> list[int]:
         with self._cond:
-            return [w.pid for w in self._pool.live()]
+            return [w.pid for p in self._pools.values() for w in p.live()]
 
     def invoke(self, name: str, payload: bytes, *, request_id: str | None = None) -> InvokeResult:
         self._check_open()
@@ -269,15 +314,16 @@ class LocalBackend(FunctionBackend):
                 raise BackendClosedError("the local backend was torn down", "create a new one")
             fn = self._function(name)
             warm = [i for i in fn.instances if i.in_flight < fn.spec.concurrency
-                    and (w := self._worker(i.slot)) is not None
+                    and (w := self._worker(i)) is not None
                     and len(w.outstanding) == i.in_flight]
             if warm:
                 return fn, min(warm, key=lambda i: (i.in_flight, -i.last_used)), False
             if len(fn.instances) < fn.spec.replicas:
-                idle = [w for w in self._pool.live() if not w.outstanding]
+                key = self._pool_of(fn.spec)
+                idle = [w for w in self._pools[key].live() if not w.outstanding]
                 if idle:
                     w = min(idle, key=lambda w: (len(w.hosted), w.slot))
-                    inst = _Instance(f"{name}#{next(self._ids)}", name, w.slot)
+                    inst = _Instance(f"{name}#{next(self._ids)}", name, w.slot, key)
                     fn.instances.append(inst)
                     w.hosted.add(inst.id)
                     return fn, inst, True
@@ -293,7 +339,7 @@ class LocalBackend(FunctionBackend):
         with self._cond:
             fn, inst, _ = self._admit(name)
             spec = fn.spec
-            w = self._pool.workers[inst.slot]
+            w = self._pools[inst.pool].workers[inst.slot]
             assert w is not None  # _admit only picks live workers
             queued = len(w.outstanding)
             deadline = time.monotonic() + spec.timeout_s * (queued + 1)
@@ -364,4 +410,5 @@ class LocalBackend(FunctionBackend):
                 return
             self._closed = True
             self._cond.notify_all()
-        self._pool.stop()
+        for pool in list(self._pools.values()):
+            pool.stop()

@@ -106,7 +106,9 @@ class WorkerPool:
 
     def __init__(self, size: int, *, config: dict[str, Any], cond: threading.Condition,
                  on_lost: Callable[[int], None], start_method: str = "forkserver",
-                 startup_timeout_s: float = 180.0) -> None:
+                 startup_timeout_s: float = 180.0,
+                 on_nested: Callable[[Worker, dict[str, Any], bytes], None] | None = None,
+                 name: str = "worker") -> None:
         if size < 1:
             raise ValueError(f"workers must be >= 1, got {size}")
         if start_method not in mp.get_all_start_methods():
@@ -115,6 +117,7 @@ class WorkerPool:
         if start_method == "forkserver":
             self._ctx.set_forkserver_preload(PRELOAD)
         self._config, self._cond, self._on_lost = config, cond, on_lost
+        self._on_nested, self._name = on_nested, name
         self._startup_timeout_s = startup_timeout_s
         self.closed = False
         self.respawns = 0
@@ -136,7 +139,7 @@ class WorkerPool:
         for slot in slots:
             parent, child = self._ctx.Pipe(duplex=True)
             proc = self._ctx.Process(target=worker_main, args=(child, slot), daemon=True,
-                                     name=f"moefleet-worker-{slot}")
+                                     name=f"moefleet-{self._name}-{slot}")
             proc.start()
             child.close()
             self._procs[slot] = proc
@@ -171,6 +174,10 @@ class WorkerPool:
                 header, body = recv_msg(w.conn)
             except (EOFError, OSError):
                 break
+            if header.get("op") == "nested":  # the handler calls another function
+                if self._on_nested is not None:
+                    self._on_nested(w, header, body)
+                continue
             with self._cond:
                 if header.get("op") == "started":  # cold start done: the timeout starts now
                     started = w.outstanding.get(int(header["call"]))

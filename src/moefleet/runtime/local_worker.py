@@ -7,7 +7,11 @@ pickled. Parent → worker headers: ``config`` (environment, sys.path, store), `
 instance is new, ``unload`` = instances to drop), ``unload``, ``stop``. Worker → parent:
 ``ready`` once, then per ``invoke`` a ``started`` note after a cold start (the handler's
 timeout runs from there) and one reply (``ok``, timings on the ``time.time()`` clock,
-storage request counts, or the error's type/message/hint/phase).
+storage request counts, or the error's type/message/hint/phase). During an invocation the
+handler may also send ``nested`` requests (``ctx.functions``: another function of the
+backend, :mod:`moefleet.runtime.nested`); the parent runs them and answers
+``nested_reply``. A reader thread takes every message off the pipe, so nested replies reach
+the handler while the main thread is inside it; all sends share one lock.
 
 A worker runs one invocation at a time (it is one CPU slot of the emulated node) and may
 host many function instances (their weights stay in its memory until unloaded). With
@@ -20,8 +24,10 @@ from __future__ import annotations
 import gc
 import json
 import os
+import queue
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -44,7 +50,7 @@ def recv_msg(conn: Connection) -> tuple[dict[str, Any], bytes]:
 
 @dataclass
 class _Instance:
-    handler: Any
+    host: Any  # moefleet.runtime.host.Instance (imported lazily: torch)
     function: str
     threads: int
     memory_mb: int = 0
@@ -62,6 +68,15 @@ class _Worker:
         self._store: ObjectStore | None = None
         self.limits = bool(config.get("limits", False))
         self.base_rss = rss_bytes()  # the runtime footprint: nothing loaded yet
+        self._send_lock = threading.Lock()
+        from moefleet.runtime.nested import ChannelFunctions
+
+        self.functions = ChannelFunctions(self.send, self.max_inline)
+
+    def send(self, header: dict[str, Any], body: bytes = b"") -> None:
+        """Thread-safe send (replies, ``started`` notes and nested requests share it)."""
+        with self._send_lock:
+            send_msg(self.conn, header, body)
 
     def base_store(self) -> ObjectStore | None:
         # One client per process, like a boto3 client reused across a container's calls.
@@ -87,10 +102,8 @@ class _Worker:
             trim_heap()
 
     def invoke(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
-        import torch
-
         from moefleet.runtime.base import HandlerRef
-        from moefleet.runtime.handlers import CallContext, InitContext, make_handler
+        from moefleet.runtime.host import HostError, Instance, error_reply
 
         reply: dict[str, Any] = {"call": header["call"], "cold": False, "init_s": 0.0,
                                  "puts": 0, "gets": 0}
@@ -101,55 +114,41 @@ class _Worker:
                 load = header.get("load")
                 if load is None:
                     raise RuntimeError(f"instance {iid} is not loaded on this worker")
-                t0 = time.time()
                 meter = Meter() if self.limits else None
-                torch.set_num_threads(int(header["threads"]))
-                store, counter = self.caller_store()
-                init = InitContext(load["function"], int(load["memory_mb"]),
-                                   int(header["threads"]), store)
-                handler = make_handler(HandlerRef(**load["handler"]), init)
-                inst = _Instance(handler, load["function"], int(header["threads"]),
+                host = Instance(load["function"], int(load["memory_mb"]),
+                                int(header["threads"]), HandlerRef(**load["handler"]),
+                                self.caller_store, self.max_inline)
+                cold = host.start()
+                inst = _Instance(host, load["function"], int(header["threads"]),
                                  int(load["memory_mb"]), float(header.get("vcpus") or 1.0))
                 if meter is not None:
                     inst.charged = meter.growth()
                     self._check_memory(inst, inst.charged, "init")
                 self.instances[iid] = inst
-                reply.update(cold=True, init_s=time.time() - t0)
-                if counter is not None:
-                    st = counter.stats()
-                    reply.update(puts=st.puts + st.lists, gets=st.gets)
+                reply.update(cold=True, init_s=cold.init_s, puts=cold.puts, gets=cold.gets)
                 # The handler's timeout starts now, not when the cold start began.
-                send_msg(self.conn, {"op": "started", "call": header["call"]})
+                self.send({"op": "started", "call": header["call"]})
             phase = "run"
             inst = self.instances[iid]
-            torch.set_num_threads(inst.threads)
-            store, counter = self.caller_store()
-            ctx = CallContext(inst.function, header.get("request_id"), store, self.max_inline)
             meter = Meter() if self.limits else None
-            reply["start"] = time.time()
-            try:
-                out = inst.handler(body, ctx)
-            finally:
-                reply["end"] = time.time()  # a failed call lasted too (billing)
+            res = inst.host.call(body, header.get("request_id"), self.functions)
+            reply.update(start=res.start, end=res.end)
             if meter is not None:
                 reply["memory_bytes"] = self.base_rss + inst.charged + meter.growth()
                 self._check_memory(inst, meter.growth() + inst.charged, "run")
                 reply["cpu_stretch_s"] = meter.stretch_to_share(inst.vcpus)
                 reply["end"] = time.time()
-            if counter is not None:
-                st = counter.stats()
-                reply["puts"] += st.puts + st.lists
-                reply["gets"] += st.gets
+            reply["puts"] += res.puts
+            reply["gets"] += res.gets
             reply["ok"] = True
-            return reply, bytes(out)
+            return reply, res.out
         except Exception as err:  # reported to the caller, never kills the worker
+            if isinstance(err, HostError):
+                phase, err = err.phase, err.error  # type: ignore[assignment]
             if isinstance(err, OutOfMemoryError):
                 self.unload([iid])  # the platform drops an instance that ran out of memory
-            reply.update(ok=False, phase=phase, type=type(err).__name__,
-                         message=getattr(err, "message", None) or str(err) or repr(err),
-                         hint=getattr(err, "hint", ""))
+            reply.update(ok=False, **error_reply(phase, err))
             return reply, b""
-
 
     def _check_memory(self, inst: _Instance, own: int, phase: str) -> None:
         used = self.base_rss + own
@@ -170,12 +169,28 @@ def worker_main(conn: Connection, slot: int) -> None:
         if path not in sys.path:
             sys.path.insert(0, path)
     worker = _Worker(conn, header)
-    send_msg(conn, {"op": "ready", "pid": os.getpid(), "slot": slot})
+    worker.send({"op": "ready", "pid": os.getpid(), "slot": slot})
+    inbox: queue.SimpleQueue[tuple[dict[str, Any], bytes] | None] = queue.SimpleQueue()
+
+    def read() -> None:
+        while True:
+            try:
+                msg = recv_msg(conn)
+            except (EOFError, OSError):
+                inbox.put(None)  # the parent went away: nothing left to serve
+                worker.functions.fail_all()
+                return
+            if msg[0].get("op") == "nested_reply":
+                worker.functions.deliver(*msg)
+            else:
+                inbox.put(msg)
+
+    threading.Thread(target=read, daemon=True, name="moefleet-worker-reader").start()
     while True:
-        try:
-            header, body = recv_msg(conn)
-        except (EOFError, OSError):
-            return  # the parent went away: nothing left to serve
+        item = inbox.get()
+        if item is None:
+            return
+        header, body = item
         worker.unload(header.get("unload", []))
         op = header.get("op")
         if op == "stop":
@@ -183,6 +198,6 @@ def worker_main(conn: Connection, slot: int) -> None:
         if op == "invoke":
             reply, out = worker.invoke(header, body)
             try:
-                send_msg(conn, reply, out)
+                worker.send(reply, out)
             except (EOFError, OSError):
                 return

@@ -34,16 +34,14 @@ HTTP proxy and no dashboard are started (handles only).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import json
 import logging
 import os
 import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from moefleet.platform import InvocationRecord, ObjectStore, PlatformSpec, load_platform
@@ -55,8 +53,6 @@ from moefleet.runtime.base import (
     crashed_error,
     failed_record,
     payload_limit,
-    reply_handler_error,
-    reply_record,
     timeout_error,
     validate_spec,
 )
@@ -65,11 +61,11 @@ from moefleet.runtime.errors import (
     FunctionError,
     UnknownFunctionError,
 )
+from moefleet.runtime.ray_call import CallOptions, Lost, TimedOut, attempt
 from moefleet.runtime.ray_replica import FunctionReplica
 from moefleet.runtime.retry import call_with_retries
 
 CPU_OVERSUBSCRIPTION = 16  # logical CPUs per core of a local node (see module docstring)
-_SERVE_NAMESPACE = "serve"  # where Serve creates replica actors (named SERVE_REPLICA::...)
 # Ray decides on import whether it runs a cluster; "0" keeps a local node on loopback.
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
@@ -278,54 +274,45 @@ class RayBackend(FunctionBackend):
         with self._lock:
             self._counters["retries"] += 1
 
-    def _attempt(self, fn: _Function, payload: bytes, request_id: str | None) -> InvokeResult:
-        from ray import exceptions as rex
+    def _options_of_calls(self) -> CallOptions:
+        return CallOptions(self.cores, self.init_timeout_s, self.admission_timeout_s,
+                           self.max_inline_bytes, self._limit, self.max_retries,
+                           self.retry_backoff_s)
 
+    def _nested(self) -> dict[str, Any]:
+        """What a main function needs to call the others itself (see ray_call)."""
+        with self._lock:
+            table = {name: {"app": f.app, "generation": f.generation,
+                            "spec": f.spec.to_dict()} for name, f in self._functions.items()}
+        return {"functions": table, "options": asdict(self._options_of_calls())}
+
+    def _attempt(self, fn: _Function, payload: bytes, request_id: str | None) -> InvokeResult:
         spec = fn.spec
-        header = {"generation": fn.generation, "function": spec.name,
-                  "request_id": request_id, "memory_mb": spec.memory_mb,
-                  "threads": max(1, min(self.cores, round(spec.vcpus or 1.0))),
-                  "handler": {"factory": spec.handler.factory, "config": spec.handler.config},
-                  "timeout_s": spec.timeout_s, "init_timeout_s": self.init_timeout_s,
-                  "keep_alive_s": spec.keep_alive_s, "max_inline_bytes": self.max_inline_bytes}
-        # The replica enforces the handler's timeout itself; this bound only guarantees
-        # that no call waits forever (queueing, replica start, a lost reply).
-        bound = spec.timeout_s + self.init_timeout_s + self.admission_timeout_s
+        nested = self._nested() if spec.kind == "main" else None
         start = time.time()
-        response = fn.handle.remote(json.dumps(header), payload)
         try:
-            raw, body = response.result(timeout_s=bound)
-        except TimeoutError:  # GetTimeoutError is one
-            response.cancel()
+            result, inner, pid = attempt(fn.handle, spec, fn.generation, payload, request_id,
+                                         self._options_of_calls(), nested)
+        except TimedOut:
             self._timed_out(spec, start, request_id, len(payload))
-        except (rex.RayActorError, rex.ActorUnavailableError):
+            raise  # unreachable: _timed_out raises
+        except Lost:
             # The replica died under the call: billed up to now (conservative), retried.
             self._bill_failed(failed_record(spec, start, time.time(), request_id, len(payload)))
             raise _Lost() from None
-        except rex.RayError as err:
+        except FunctionError:
             if self._closed:
                 raise BackendClosedError("the ray backend was torn down",
                                          "create a new one") from None
-            raise FunctionError(f"{spec.name}: Ray Serve failed the call: {err}",
-                                "see the Ray logs (/tmp/ray/session_latest/logs)") from err
-        reply: dict[str, Any] = json.loads(raw)
-        status = reply["status"]
-        if status == "stopping":
-            raise _Lost()
-        if status == "timeout":
-            self._kill(reply.get("actor"))
-            self._timed_out(spec, start, request_id, len(payload))
-        if status == "error":
-            raise reply_handler_error(spec.name, reply)
-        check_payload(spec.name, int(reply.get("nbytes", len(body))), self._limit, "response")
-        record = reply_record(spec, reply, request_id=request_id, bytes_in=len(payload),
-                              bytes_out=len(body))
+            raise
         with self._lock:
-            self._records.append(record)
-            self._counters["cold_starts"] += int(record.cold)
-            if "pid" in reply:
-                self._pids.add(int(reply["pid"]))
-        return InvokeResult(body, record)
+            self._records.extend(inner)  # nested calls of a main function, metered here
+            self._records.append(result.record)
+            self._counters["cold_starts"] += int(result.record.cold)
+            self._counters["cold_starts"] += sum(r.cold for r in inner)
+            if pid is not None:
+                self._pids.add(pid)
+        return result
 
     def worker_pids(self) -> list[int]:
         """Replica processes seen answering calls that are still replicas (local node:
@@ -356,17 +343,6 @@ class RayBackend(FunctionBackend):
             self._records.append(failed_record(spec, start, start + spec.timeout_s,
                                                request_id, nbytes))
         raise timeout_error(spec.name, spec.timeout_s)
-
-    @staticmethod
-    def _kill(actor: str | None) -> None:
-        """Stop a timed-out replica (Serve replaces it: the next call is cold)."""
-        import ray
-
-        if not actor:
-            return
-        # ValueError: already gone (a timed-out replica also exits by itself, later).
-        with contextlib.suppress(ValueError):
-            ray.kill(ray.get_actor(actor, namespace=_SERVE_NAMESPACE), no_restart=True)
 
     # -- lifecycle ----------------------------------------------------------------------
     def _check_open(self) -> None:

@@ -8,12 +8,15 @@ as it moves any ``str``/``bytes``, nothing of ours is pickled.
 Request header: ``generation`` (the function's deploy version), ``function``,
 ``request_id``, ``memory_mb``, ``threads`` (torch threads), ``handler``
 (``{factory, config}``), ``timeout_s``, ``init_timeout_s``, ``keep_alive_s``,
-``max_inline_bytes``. Reply header: ``status`` — ``ok``; ``error`` (the handler raised:
+``max_inline_bytes``, and for main functions ``nested`` (the function table their
+``ctx.functions`` calls through, :mod:`moefleet.runtime.ray_call`). Reply header:
+``status`` — ``ok``; ``error`` (the handler raised:
 ``phase``, ``type``, ``message``, ``hint``); ``timeout`` (the handler ran past its timeout;
 ``actor`` names this replica so the caller can stop it); ``stopping`` (this replica is
 about to be stopped and took no work); ``too_large`` (the response is over
 ``max_inline_bytes``, ``nbytes`` says by how much, the body is not sent) — plus the record
-fields ``cold``, ``init_s``, ``start``, ``end`` (``time.time()``), ``puts``, ``gets``.
+fields ``cold``, ``init_s``, ``start``, ``end`` (``time.time()``), ``puts``, ``gets``, and
+``nested_records`` (the records of the calls a main function made).
 
 Invariants: the handler is built by ``HandlerRef.factory`` on the first request of a
 generation (a cold start, timed into ``init_s``); a request of another generation (the
@@ -72,20 +75,15 @@ class FunctionReplica:
 
     # -- the instance --------------------------------------------------------------------
     def _build(self, h: dict[str, Any]) -> tuple[Any, int, int]:
-        """Run the handler factory (in a thread); returns (handler, puts, gets)."""
-        import torch
-
+        """Start the instance (in a thread): the handler factory, timed by the host."""
         from moefleet.runtime.base import HandlerRef
-        from moefleet.runtime.handlers import InitContext, make_handler
+        from moefleet.runtime.host import Instance
 
-        torch.set_num_threads(int(h["threads"]))
-        store, counter = self._caller_store()
-        init = InitContext(h["function"], int(h["memory_mb"]), int(h["threads"]), store)
-        handler = make_handler(HandlerRef(**h["handler"]), init)
-        if counter is None:
-            return handler, 0, 0
-        st = counter.stats()
-        return handler, st.puts + st.lists, st.gets
+        host = Instance(h["function"], int(h["memory_mb"]), int(h["threads"]),
+                        HandlerRef(**h["handler"]), self._caller_store,
+                        int(h["max_inline_bytes"]))
+        cold = host.start()
+        return host, cold.puts, cold.gets
 
     def _unload(self) -> None:
         if self._handler is not None:
@@ -153,39 +151,40 @@ class FunctionReplica:
 
     async def _run(self, h: dict[str, Any], body: bytes,
                    reply: dict[str, Any]) -> tuple[str, bytes]:
-        from moefleet.runtime.handlers import CallContext
+        functions = None
+        if h.get("nested") is not None:  # a main function: it calls the others itself
+            from moefleet.runtime.ray_call import RayFunctions
 
-        store, counter = self._caller_store()
-        ctx = CallContext(h["function"], h.get("request_id"), store,
-                          int(h["max_inline_bytes"]))
-        handler = self._handler
-
-        def call() -> tuple[float, float, bytes]:
-            start = time.time()
-            out = bytes(handler(body, ctx))
-            return start, time.time(), out
-
+            functions = RayFunctions(h["nested"])
+        host = self._handler
         try:
-            start, end, out = await asyncio.wait_for(asyncio.to_thread(call),
-                                                     float(h["timeout_s"]))
+            res = await asyncio.wait_for(
+                asyncio.to_thread(host.call, body, h.get("request_id"), functions),
+                float(h["timeout_s"]))
         except TimeoutError:
             self._stop_soon()
             return json.dumps({"status": "timeout", "phase": "run",
                                "actor": self._actor_name()}), b""
         except Exception as err:
-            return json.dumps(_error("run", err)), b""
-        if counter is not None:
-            st = counter.stats()
-            reply["puts"] += st.puts + st.lists
-            reply["gets"] += st.gets
-        reply.update(start=start, end=max(start, end))
-        if len(out) > int(h["max_inline_bytes"]):  # not worth shipping: the caller refuses it
-            reply.update(status="too_large", nbytes=len(out))
+            error = _error("run", err)
+            if functions is not None:  # its nested calls ran (and are billed) all the same
+                error["nested_records"] = functions.drain()
+            return json.dumps(error), b""
+        if functions is not None:
+            reply["nested_records"] = functions.drain()
+        reply["puts"] += res.puts
+        reply["gets"] += res.gets
+        reply.update(start=res.start, end=max(res.start, res.end))
+        if len(res.out) > int(h["max_inline_bytes"]):  # the caller would refuse it
+            reply.update(status="too_large", nbytes=len(res.out))
             return json.dumps(reply), b""
-        return json.dumps(reply), out
+        return json.dumps(reply), res.out
 
 
 def _error(phase: str, err: Exception) -> dict[str, Any]:
-    return {"status": "error", "phase": phase, "type": type(err).__name__,
-            "message": getattr(err, "message", None) or str(err) or repr(err),
-            "hint": getattr(err, "hint", "") or ""}
+    from moefleet.runtime.host import HostError, error_reply
+
+    if isinstance(err, HostError):
+        phase, cause = err.phase, err.error
+        return {"status": "error", **error_reply(phase, cause)}
+    return {"status": "error", **error_reply(phase, err)}

@@ -30,7 +30,7 @@ import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -38,8 +38,10 @@ import torch
 from moefleet.platform import InvocationRecord, ObjectStore
 from moefleet.runtime import scatter, transfer
 from moefleet.runtime.base import InvokeResult
+from moefleet.runtime.calls import ExpertDirect, expert_call
 from moefleet.runtime.deploy import Deployment
 from moefleet.runtime.errors import FunctionError, GatherError, PayloadTooLargeError
+from moefleet.runtime.messages import encode
 from moefleet.runtime.payload import pack, resolve, unpack
 from moefleet.runtime.stores import CountingStore, RetryingStore
 
@@ -191,8 +193,7 @@ class RemoteExperts:
             xs, ws = zip(*(scatter.share_inputs(s, x_ND, w_NK) for s in members), strict=True)
             tokens = np.concatenate([s.tokens_n for s in members])
             body = pack({"x": torch.cat(xs), "w": torch.cat(ws)},
-                        {"mode": "direct", "expert": members[0].expert,
-                         "experts": [[s.expert, s.size] for s in members]})
+                        encode(ExpertDirect(tuple((s.expert, s.size) for s in members))))
             if len(body) > self.invoker.max_inline_bytes:
                 raise PayloadTooLargeError(
                     f"layer {layer}: {fn} would get {len(body)} bytes of tokens, over the "
@@ -242,9 +243,7 @@ class RemoteExperts:
         def one(share: scatter.Share) -> None:
             in_keys, out_keys = scatter.share_keys(
                 prefix, share, scatter.object_beta(method, beta, share.size))
-            meta: dict[str, Any] = {"mode": method, "expert": share.expert,
-                                    "in_keys": in_keys, "out_keys": out_keys,
-                                    "tokens": share.size}
+            meta = encode(expert_call(method, share.expert, in_keys, out_keys, share.size))
             fn = self.dep.expert_function(layer, share.expert)
             out = unpack(self._invoke(fn, pack(meta=meta), self._shares_of(share.tokens_n, N)))
             if out.meta.get("tokens") != share.size:

@@ -1,0 +1,163 @@
+"""Remoe's main function: the generation engine inside one function invocation.
+
+Cold start (``main_handler``): read the deployment (``config["deployment"]``, a key in the
+object store), build the model skeleton, load every block's non-expert weights and the
+local experts (every expert no expert group holds, ``plan.local_experts``), and allocate
+the KV cache; the weights plus the cache must fit ``memory_mb``. The device is the CPU:
+no backend here runs GPU functions, so a plan's GPU main function runs on CPU and its GPU
+price is applied to the measured time by whoever bills it ("GPU emulated").
+
+Per invocation (a :class:`~moefleet.remoe.messages.Generate`): a fresh engine (scheduler,
+greedy sampler) over the instance's runner and cache runs the batch's prefill and decode
+to completion. Experts: ``split_experts(held, RemoteExperts, is_local)``, so each layer's
+local experts run here while its remote experts run in the layer's group function
+(invoked through ``ctx.functions``: metered by the backend like any call). Replies with a
+:class:`~moefleet.remoe.messages.Result`.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+from torch import nn
+
+from moefleet.engine.engine import Engine, merge_into
+from moefleet.engine.request import RequestOutput, SamplingParams
+from moefleet.engine.runner import LocalRunner
+from moefleet.remoe.messages import Generate, Result
+from moefleet.remoe.split import held_experts, split_experts
+from moefleet.runtime import weights
+from moefleet.runtime.deploy import Deployment
+from moefleet.runtime.errors import FunctionError
+from moefleet.runtime.handlers import MB, CallContext, Handler, InitContext
+from moefleet.runtime.messages import Warm, decode, encode
+from moefleet.runtime.payload import pack, unpack
+
+DEFAULT_KV_MB = 64
+
+
+def _get(store: Any, key: str, function: str) -> bytes:
+    from moefleet.platform import ObjectNotFoundError
+
+    try:
+        return bytes(store.get(key))
+    except ObjectNotFoundError:
+        raise FunctionError(f"{function}: object {key!r} is missing from {store.url}",
+                            "deploy the plan again (its weights are uploaded then)") from None
+
+
+class MainFunction:
+    """One main-function instance (see the module docstring)."""
+
+    def __init__(self, config: dict[str, Any], init: InitContext) -> None:
+        if init.store is None:
+            raise FunctionError(f"{init.function}: needs an object store",
+                                "configure the backend store")
+        store, self.function = init.store, init.function
+        self.dep = Deployment.from_dict(
+            json.loads(_get(store, str(config["deployment"]), self.function)),
+            f"{config['deployment']}")
+        layout = self.dep.layout
+        adapter = weights.build_skeleton(_get(store, layout.skeleton, self.function))
+        nbytes = 0
+        for block in range(adapter.num_layers):
+            tensors = weights.from_bytes(_get(store, layout.segments[block], self.function))
+            nbytes += weights.module_bytes(tensors)
+            weights.assign_tensors(adapter.model, tensors)
+        self.local: dict[int, dict[int, nn.Module]] = {}
+        self.is_local: dict[int, torch.Tensor] = {}
+        for layer in self.dep.moe_layers:
+            local = self.dep.plan.local_experts(layer)
+            keep_E = torch.zeros(adapter.num_experts(layer), dtype=torch.bool)
+            keep_E[local] = True
+            self.is_local[layer] = keep_E
+            self.local[layer] = {}
+            for e in local:
+                tensors = weights.from_bytes(_get(store, layout.expert_key(layer, e),
+                                                  self.function))
+                nbytes += weights.module_bytes(tensors)
+                self.local[layer][e] = weights.load_expert(adapter, layer, e, tensors)
+        kv_bytes = int(config.get("kv_mb", DEFAULT_KV_MB)) * MB
+        if nbytes + kv_bytes > init.memory_mb * MB:
+            raise FunctionError(
+                f"{self.function}: non-expert and local-expert weights ({nbytes / MB:.1f} MB)"
+                f" plus the KV cache ({kv_bytes / MB:.0f} MB) exceed memory_mb="
+                f"{init.memory_mb}", "give the main function more memory in the plan")
+        self.weight_bytes = nbytes
+        self.remote: Any = None  # the call's RemoteExperts, set per invocation
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="moefleet-remoe-remote")
+        experts = split_experts(held_experts(self.local), self._remote, self.is_local,
+                                pool=self._pool)
+        self.runner = LocalRunner(adapter, experts=experts, kv_budget_bytes=kv_bytes,
+                                  max_num_seqs=int(config.get("max_num_seqs", 64)))
+
+    def _remote(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
+                w_NK: torch.Tensor) -> torch.Tensor:
+        if self.remote is None:
+            raise FunctionError(f"{self.function}: layer {layer} routed tokens to remote "
+                                "experts outside an invocation", "this is a bug")
+        out: torch.Tensor = self.remote(layer, x_ND, ids_NK, w_NK)
+        return out
+
+    def __call__(self, payload: bytes, ctx: CallContext) -> bytes:
+        msg = decode(unpack(payload).meta, Generate, Warm)
+        if isinstance(msg, Warm):  # the cold start (weights, KV cache) is all it asks for
+            return pack(meta=encode(msg))
+        remote = None
+        if any(not bool(k.all()) for k in self.is_local.values()):
+            if ctx.functions is None:
+                raise FunctionError(f"{self.function}: this backend offers no nested calls, "
+                                    "so remote experts cannot run", "use the local or aws "
+                                    "backend")
+            from moefleet.runtime.remote_experts import RemoteExperts
+
+            remote = RemoteExperts(self.dep, ctx.functions, ctx.store)
+        self.remote = remote
+        try:
+            with torch.no_grad():
+                result = self._generate(msg)
+        finally:
+            self.remote = None
+            if remote is not None:
+                remote.close()
+        if remote is not None:
+            stats = remote.stats.values()
+            result = Result(**{**result.__dict__,
+                               "remote_invocations": sum(s.invocations for s in stats),
+                               "remote_s": sum(s.seconds for s in stats)})
+        return pack(meta=encode(result))
+
+    def _generate(self, msg: Generate) -> Result:
+        engine = Engine(self.runner, max_num_seqs=msg.max_num_seqs, eos_token_id=None)
+        params = SamplingParams(max_tokens=msg.max_tokens, temperature=0.0,
+                                ignore_eos=msg.ignore_eos)
+        merged: dict[str, RequestOutput] = {}
+        for rid, prompt in zip(msg.request_ids, msg.prompts, strict=True):
+            engine.add_request(list(prompt), params, request_id=rid)
+            merged[rid] = RequestOutput(rid, [], "", False)
+        steps = 0
+        while engine.has_unfinished:
+            steps += 1
+            for out in engine.step():
+                merge_into(merged[out.request_id], out)
+        outs = [merged[r] for r in msg.request_ids]
+        times = [o.times for o in outs]
+        if any(t is None for t in times):
+            raise FunctionError(f"{self.function}: a request finished without timings",
+                                "this is a bug in the engine")
+        return Result(
+            request_ids=msg.request_ids,
+            tokens=tuple(tuple(o.new_token_ids) for o in outs),
+            ttft_s=tuple(float(t.ttft_s or 0.0) for t in times if t is not None),
+            tpot_s=tuple(float(t.tpot_s or 0.0) for t in times if t is not None),
+            e2e_s=tuple(float(t.e2e_s or 0.0) for t in times if t is not None),
+            remote_invocations=0, remote_s=0.0, steps=steps)
+
+
+def main_handler(config: dict[str, Any], init: InitContext) -> Handler:
+    """Factory; config: ``deployment`` (key of the deployment JSON in the store),
+    ``kv_mb`` (KV cache budget, MB), ``max_num_seqs``."""
+    return MainFunction(config, init)

@@ -1,0 +1,78 @@
+"""Remoe's expert seam: the main function's local experts and its remote expert functions,
+run concurrently per layer and summed (``split_experts``).
+
+Invariants: a token-slot routed to a local expert reaches only ``local`` and one routed to
+a remote expert only ``remote``; the other side sees it as id -1 (skipped, contributes 0),
+so the local side never computes a remote expert and no remote function is sent a local
+one. ``y = local(...) + remote(...)`` equals running every expert in one place, up to fp32
+summation order. Shape legend: N tokens, D hidden, K experts per token, E experts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from torch import nn
+
+from moefleet.models.base import ExpertFn
+
+SKIP = -1  # an expert id the receiving side skips
+
+
+def mask_ids(ids_NK: torch.Tensor, keep_E: torch.Tensor) -> torch.Tensor:
+    """``ids_NK`` with every slot whose expert is not in ``keep_E`` (bool [E]) set to -1."""
+    safe_NK = ids_NK.clamp(min=0)
+    keep_NK = keep_E[safe_NK] & (ids_NK >= 0)
+    return torch.where(keep_NK, ids_NK, torch.full_like(ids_NK, SKIP))
+
+
+def held_experts(modules: Mapping[int, Mapping[int, nn.Module]]) -> ExpertFn:
+    """An ExpertFn over the expert modules this process holds (``modules[layer][e]``);
+    slots with id -1 are skipped, any other id not held is an error (the caller routed
+    a remote expert here)."""
+
+    def run(layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
+            w_NK: torch.Tensor) -> torch.Tensor:
+        held = modules.get(layer, {})
+        y_ND = torch.zeros_like(x_ND)
+        present = [int(e) for e in torch.unique(ids_NK).tolist() if e != SKIP]
+        missing = [e for e in present if e not in held]
+        if missing:
+            raise ValueError(f"layer {layer}: experts {missing} are not held here "
+                             f"(held: {sorted(held)})")
+        with torch.no_grad():
+            for e in present:
+                n_idx, k_idx = torch.nonzero(ids_NK == e, as_tuple=True)
+                out = held[e](x_ND[n_idx]) * w_NK[n_idx, k_idx, None].to(x_ND.dtype)
+                y_ND.index_add_(0, n_idx, out.to(y_ND.dtype))
+        return y_ND
+
+    return run
+
+
+def split_experts(local: ExpertFn, remote: ExpertFn, is_local: Mapping[int, torch.Tensor],
+                  *, pool: ThreadPoolExecutor | None = None) -> ExpertFn:
+    """Per layer: ``remote`` (on a helper thread: it mostly waits on invocations) and
+    ``local`` (on the caller's thread) at the same time, each on its own slots; summed.
+    ``is_local[layer]`` is a bool [E]; a layer missing from it is all local."""
+    helper = pool or ThreadPoolExecutor(1, thread_name_prefix="moefleet-remoe-remote")
+
+    def run(layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
+            w_NK: torch.Tensor) -> torch.Tensor:
+        keep_E = is_local.get(layer)
+        if keep_E is None or bool(keep_E.all()):
+            return local(layer, x_ND, ids_NK, w_NK)
+        remote_ids_NK = mask_ids(ids_NK, ~keep_E)
+        local_ids_NK = mask_ids(ids_NK, keep_E)
+        pending = None
+        if bool((remote_ids_NK != SKIP).any()):
+            pending = helper.submit(remote, layer, x_ND, remote_ids_NK, w_NK)
+        try:
+            y_ND = local(layer, x_ND, local_ids_NK, w_NK)
+        finally:
+            remote_ND = pending.result() if pending is not None else None
+        return y_ND if remote_ND is None else y_ND + remote_ND.to(y_ND.dtype)
+
+    return run
