@@ -1,6 +1,7 @@
 """BO samplers compared (ODS/BO Fig. 13 analogue) and the BO-vs-oracle bar.
 
     python benchmarks/bo_convergence.py [--model minilm-moe-e8] [--seeds 3] [--iters 30]
+        [--quick] [--traffic c4] [--slo-scale 0.9] [--fit-tokens 2048] [--out PATH]
 
 Profiles the model once (the demo's stages 1-4: wikitext2:train for the predictor and the
 BO batches, wikitext2:test as a held-out workload), then runs the BO loop with every
@@ -70,6 +71,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the demo's --quick sizes")
     ap.add_argument("--batch-tokens", type=int, default=None, help="BO batch size")
     ap.add_argument("--bo-batches", type=int, default=None, help="number of BO batches")
+    ap.add_argument("--fit-tokens", type=int, default=None,
+                    help="tokens the predictor is fitted on (fewer: a worse predictor)")
     ap.add_argument("--traffic", default=None,
                     help="dataset of the BO batches and the workload (domain shift), e.g. c4")
     ap.add_argument("--slo-scale", type=float, default=1.0,
@@ -81,6 +84,8 @@ def main() -> None:
         sizes.update(batch_tokens=args.batch_tokens, workload_tokens=args.batch_tokens)
     if args.bo_batches:
         sizes["bo_batches"] = args.bo_batches
+    if args.fit_tokens:
+        sizes["fit_tokens"] = args.fit_tokens
     cfg = DemoConfig.quick(**sizes) if args.quick else DemoConfig(**sizes)
     prep = prepare(cfg, say=lambda m: print(m, file=sys.stderr))
     prep.slo_s *= args.slo_scale

@@ -13,7 +13,12 @@ Writes benchmarks/results/faults.json: per run accepted, completed, failed, ``lo
 (failed attempts included) and their ratio to the fault-free run. Kinds marked
 ``emulated`` are injected at the harness, not by the platform (see faults.py).
 ``--backends local,aws`` adds the aws backend on a moto server (127.0.0.1; invocations run
-the uploaded zip in forked processes, S3 traffic goes to moto). Ray is not measured yet.
+the uploaded zip in forked processes, S3 traffic goes to moto); ``ray`` adds the ray
+backend on a local loopback node (one Serve application per function, replica processes;
+crash = a replica process SIGKILLed mid-call), with the tiny model trimmed to 2x4 experts.
+``--targets engine,http`` runs the generation engine and a real ``moefleet serve`` under
+faults injected at the expert seam instead (see benchmarks/faults_serving.py); combine
+with ``--backends`` to run both, or ``--append`` to keep earlier runs.
 """
 
 from __future__ import annotations
@@ -69,7 +74,26 @@ def make_backend(name: str, spec: Any, tmp: str) -> tuple[Any, Any]:
                           AWS_SHARED_CREDENTIALS_FILE=os.devnull)
         backend = moto_aws_backend(spec)
         return backend, open_store(backend.store_url)
-    raise SystemExit(f"unknown backend {name!r}: use local or aws")
+    if name == "ray":
+        from moefleet.runtime.ray_backend import RayBackend
+
+        store = LocalObjectStore(tmp)  # a local Ray node: replicas share this machine's disk
+        return RayBackend(spec, store=store, wait_ready=True), store
+    raise SystemExit(f"unknown backend {name!r}: use local, aws or ray")
+
+
+def ray_adapter() -> HFMoEAdapter:
+    """tiny-mixtral trimmed to 2 blocks of 4 experts (as tests/integration/test_runtime_ray
+    does): 10 functions = 10 replica processes that each import torch, where the full
+    tiny model's 27 take minutes to start on 2 cores."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MixtralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, vocab_size=1024,
+                        num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False,
+                        max_position_embeddings=512, bos_token_id=0, eos_token_id=1)
+    return HFMoEAdapter(MixtralForCausalLM(cfg).float().eval(), name="tiny-mixtral-2x4")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -78,42 +102,58 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rates", default="0.01,0.05,0.2")
     ap.add_argument("--kinds", default=",".join(FAULT_KINDS))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--backends", default="local",
-                    help="local and/or aws (aws-on-moto: a moto server on 127.0.0.1, "
-                    "the in-process invoker; needs the aws and dev extras)")
+    ap.add_argument("--targets", default="",
+                    help="engine and/or http: faults under the generation engine and the "
+                    "HTTP server (no backend runs unless --backends is given too)")
+    ap.add_argument("--backends", default=None,
+                    help="local, aws and/or ray (aws-on-moto: a moto server on 127.0.0.1, "
+                    "the in-process invoker; needs the aws and dev extras; ray: a local "
+                    "loopback Ray node, needs the ray extra)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--append", action="store_true",
                     help="keep --out's runs of the other backends (one backend per call)")
     args = ap.parse_args(argv)
+    targets = [t for t in args.targets.split(",") if t]
+    if any(t not in ("engine", "http") for t in targets):
+        raise SystemExit(f"--targets takes engine and/or http, got {args.targets!r}")
+    if args.backends is None:
+        args.backends = "" if targets else "local"
+    backends = [b for b in args.backends.split(",") if b]
     rates = [float(r) for r in args.rates.split(",")]
     kinds = args.kinds.split(",")
     spec = load_platform("aws-lambda")
     adapter = HFMoEAdapter(tiny_model("mixtral"))
-    experts = [adapter.num_experts(layer) for layer in adapter.moe_layers]
-    plan = DeploymentPlan.uniform("mixtral", spec.name, adapter.moe_layers, experts,
-                                  adapter.num_layers, 512, method="storage")
     work = batches(args.requests)
     runs: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    for backend_name in args.backends.split(","):
+    from faults_serving import engine_runs, http_runs  # this script's directory
+
+    if "engine" in targets:
+        runs += engine_runs(adapter, args.requests, rates, args.seed)
+    if "http" in targets:
+        runs += http_runs(args.requests, rates, args.seed)
+    for backend_name in backends:
+        model = ray_adapter() if backend_name == "ray" else adapter
+        plan = DeploymentPlan.uniform(
+            "mixtral", spec.name, model.moe_layers,
+            [model.num_experts(layer) for layer in model.moe_layers], model.num_layers, 512,
+            method="storage")
         with tempfile.TemporaryDirectory(prefix="moefleet-faults-") as tmp:
             backend, store = make_backend(backend_name, spec, tmp)
             try:
-                dep = deploy_plan(adapter, plan, spec, store, backend=backend)
+                dep = deploy_plan(model, plan, spec, store, backend=backend)
                 # Warm every instance the requests touch: cold starts are not faults.
                 run_under_faults(dep, backend, store, spec, FaultPlan("none", 0.0), work,
-                                 adapter)
+                                 model)
                 base = run_under_faults(dep, backend, store, spec, FaultPlan("none", 0.0),
-                                        work, adapter).to_dict()
+                                        work, model).to_dict()
                 base.update(kind="none", backend=backend_name)
                 runs.append(base)
                 for kind in kinds:
-                    if kind == "crash" and backend_name != "local":
-                        continue  # worker kills need the local backend's process pool
                     for rate in rates:
                         r = run_under_faults(dep, backend, store, spec,
                                              FaultPlan(kind, rate, seed=args.seed), work,
-                                             adapter).to_dict()
+                                             model).to_dict()
                         r["backend"] = backend_name
                         for key in ("latency_p50_s", "latency_p95_s", "cost_usd"):
                             r[f"added_{key}"] = r[key] - base[key]
@@ -130,13 +170,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 backend.teardown()
     report = {
         "command": "python benchmarks/faults.py " + " ".join(argv or sys.argv[1:]),
-        "backends": args.backends.split(","),
-        "model": "tiny-mixtral (random weights, 3 MoE layers, 8 experts)",
+        "backends": backends + targets,
+        "model": "tiny-mixtral (random weights, 3 MoE layers, 8 experts); ray: trimmed to "
+                 "2 MoE layers of 4 experts (10 replica processes)",
         "method": "storage", "requests_per_run": args.requests, "rates": rates,
         "total_lost": sum(r["lost"] for r in runs), "wall_s": time.perf_counter() - t0,
         "machine": {"cpus": os.cpu_count(), "platform": pyplatform.platform()},
-        "not_measured": ["ray backend", "crash on aws (no worker pool to kill)",
-                         "generation engine", "HTTP server"],
+        "not_measured": ["store faults inside the functions (the client side is wrapped)"],
         "runs": runs,
     }
     if args.append and args.out.is_file():

@@ -9,8 +9,9 @@ the same model with the same ``--max-num-seqs``; the client streams every reques
 times, alternating; medians are reported.
 
     python benchmarks/serve_overhead.py [--model tiny-moe-lm] [--requests 32]
-writes benchmarks/results/serve_overhead.json: throughput ratio (HTTP / in-process) and
-the added p50 TTFT.
+writes benchmarks/results/serve_overhead.json: throughput ratio (HTTP / in-process), the
+added p50 TTFT, and the machine's load averages before and after (a shared machine's
+contention is part of every figure).
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
+    load_before = os.getloadavg()  # the machine is shared: say how busy it was
     prompts = [p.text[:400] for p in load_prompts("wikitext2", limit=args.requests)]
     adapter = load_adapter(args.model)
     proc, url = start_server(args.model, args.max_num_seqs)
@@ -115,6 +117,9 @@ def main() -> None:
         "model": args.model, "requests": args.requests, "max_tokens": args.max_tokens,
         "max_num_seqs": args.max_num_seqs, "repeats": args.repeats,
         "cpu_threads": os.environ.get("OMP_NUM_THREADS", "default"),
+        "cpu_count": os.cpu_count(),
+        # 1/5/15-minute load averages before and after the run (>= cpu_count: contended)
+        "loadavg_before": list(load_before), "loadavg_after": list(os.getloadavg()),
         "in_process_tokens_per_s": med("in_process", "tokens_per_s"),
         "http_tokens_per_s": med("http", "tokens_per_s"),
         "throughput_ratio": med("http", "tokens_per_s") / med("in_process", "tokens_per_s"),

@@ -20,6 +20,7 @@ from moefleet.plan.costmodel import (
     requests_per_replica,
 )
 from moefleet.plan.problem import MB, PlanningProblem
+from moefleet.plan.transfers import batch_requests, layer_transfer_usd
 from moefleet.platform import load_platform
 from moefleet.profiles.model import BatchLaw, ComputeProfile, FunctionProfile, ThreadLaw
 
@@ -122,6 +123,7 @@ def layer_configs(p: PlanningProblem, li: int) -> list[tuple[float, float, tuple
                     continue
                 lat = layer_latency(a, t_max, r_max, float(sum(d)), p.load_s(li), rates,
                                     p.bytes_out)
+                cost += layer_transfer_usd(p, li, a, rates.per_put, rates.per_get)
                 out.append((lat, cost, (a, beta, combo)))
     return out
 
@@ -153,3 +155,11 @@ def brute_force_optimum(
         if sum(x[0] for x in combo) <= budget + 1e-9:
             best_cost = min(best_cost, sum(x[1] for x in combo))
     return best_cost
+
+
+def planned_cost(p: PlanningProblem, predicted: dict[str, float]) -> float:
+    """What the planners optimise, comparable with :func:`brute_force_optimum`: the plan's
+    cost less the per-batch LIST and the replicas' minibatch polls (costmodel.Estimate)."""
+    rates = Rates.of(p)
+    return (predicted["cost_usd"] - predicted["poll_usd"]
+            - batch_requests(p).usd(rates.per_put, rates.per_get))

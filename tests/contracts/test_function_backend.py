@@ -8,7 +8,10 @@ its waits; backends are torn down by the fixtures.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -214,8 +217,32 @@ def test_crash_is_retried_once_then_succeeds(backend: FunctionBackend, tmp_path:
     assert (tmp_path / "flag").exists()
     mine = [r for r in backend.records() if r.function == name]
     assert [r.failed for r in mine].count(False) == 1  # one successful invocation
-    if backend.name == "local":  # the crashed attempt is billed too (ray/aws: not yet)
-        assert [r.failed for r in mine].count(True) == 1
+    assert [r.failed for r in mine].count(True) == 1  # the crashed attempt is billed too
+
+
+def test_a_process_killed_mid_invocation_is_retried_and_billed(
+        backend: FunctionBackend) -> None:
+    """The fault harness's crash: SIGKILL the process running a call (found through
+    ``worker_pids``); the call is retried and the crashed attempt billed."""
+    if backend.name == "ray":  # it names its own live replicas, as seen in replies
+        pid = unpack(call(backend, fn(backend), op="pid").payload).meta["pid"]
+        assert pid in backend.worker_pids()  # type: ignore[attr-defined]
+    if backend.name != "aws":  # local/ray: worker_pids are every live worker/replica,
+        pytest.skip("only aws names the processes running a call (crash_once covers it)")
+    name = fn(backend, timeout_s=30)
+    out: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: out.update(res=call(backend, name, op="sleep",
+                                                                 seconds=2.0)))
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not (busy := backend.worker_pids()):  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline and thread.is_alive(), "the call never started"
+        time.sleep(0.02)
+    os.kill(busy[0], signal.SIGKILL)  # the environment serving our call (ours, by pid)
+    thread.join(120)
+    assert unpack(out["res"].payload).meta["op"] == "sleep"  # retried, answered
+    failed = [r for r in backend.records() if r.function == name and r.failed]
+    assert len(failed) == 1 and failed[0].end_s > failed[0].start_s
 
 
 def test_crash_every_time_gives_a_clear_error(backend: FunctionBackend) -> None:
@@ -229,6 +256,10 @@ def test_timeout(backend: FunctionBackend) -> None:
     name = fn(backend, timeout_s=0.3)
     with pytest.raises(InvocationTimeoutError, match=f"{name}.*timeout_s=0.3"):
         call(backend, name, op="sleep", seconds=20)
+    # billed for the whole timeout, as Lambda bills it; aws: Lambda's Timeout is whole
+    # seconds, so 0.3 s runs (and bills) 1 s
+    [rec] = [r for r in backend.records() if r.function == name and r.failed]
+    assert rec.end_s - rec.start_s == pytest.approx(1.0 if backend.name == "aws" else 0.3)
     assert call(backend, name, op="pid").record.cold  # its instance was stopped
 
 

@@ -92,3 +92,26 @@ def test_retry_policy_honours_retry_after_and_stops() -> None:
     with pytest.raises(ValueError):  # not retryable: raised at once
         retry_call(policy, lambda: (_ for _ in ()).throw(ValueError("bug")))
     assert set(POLICIES) >= {"local", "ray", "aws", "store"}
+
+
+def test_engine_over_remote_experts_survives_worker_kills(setup: tuple) -> None:
+    """The engine's experts in real worker processes (RemoteExperts on the local backend)
+    while the harness SIGKILLs workers mid-call: every request completes with the tokens
+    of the in-process experts, and the crashed attempts are billed."""
+    from moefleet.engine import SamplingParams
+    from moefleet.engine.build import build_engine
+    from moefleet.runtime.faults import FaultyBackend
+    from moefleet.runtime.remote_experts import RemoteExperts
+
+    _, store, adapter, backend, dep = setup
+    prompts = [[5, 17, 42, 7, 99, 3], [8, 1, 250], [60, 61, 62, 63]]
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    want = build_engine(adapter).generate(prompts, params)
+    faulty = FaultyBackend(backend, FaultPlan("crash", rate=0.2, seed=3))
+    before = len(backend.records())
+    with RemoteExperts(dep, faulty, store) as rx:
+        got = build_engine(adapter, experts=rx).generate(prompts, params)
+    assert faulty.injected >= 1
+    assert [o.finish_reason for o in got] == ["length"] * len(prompts)
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
+    assert any(r.failed for r in backend.records()[before:])  # a killed attempt, billed

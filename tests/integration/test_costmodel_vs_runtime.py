@@ -16,8 +16,8 @@ Asserted (the parts of the model this backend can honestly check):
   eq. 10 composed as one worker with warm instances runs it) within LATENCY_TOL of the
   median measured ``moe_s`` (measured: +16%, +17% in two runs);
 - request accounting: the model's request USD equals the Meter's exactly, and its store
-  requests exceed the Meter's by exactly one parameter GET per replica (charged every
-  batch by the model; a warm instance does not fetch its weights);
+  requests exceed the Meter's by exactly two parameter GETs per replica (skeleton and
+  weights, charged every batch by the model; a warm instance fetches neither);
 - storage / pipelined total MoE cost within COST_TOL of the Meter's bill (expert
   invocations plus the scatter PUTs / gather GETs the MoE segments made): store requests
   dominate it (measured: +4..+6% storage, +1..+2% pipelined);
@@ -152,6 +152,7 @@ def test_costmodel_matches_local_runtime(tmp_path: Path) -> None:
         one_worker_layer_latency,
         warm_call_s,
     )
+    from moefleet.plan.costmodel import PARAM_GETS
     from moefleet.profiles.cache import profile_for
 
     data = _run(tmp_path)
@@ -226,13 +227,18 @@ def test_costmodel_matches_local_runtime(tmp_path: Path) -> None:
         assert warm_parts[1] == pytest.approx(bill.request, rel=1e-9)
         if method == "pipelined":
             # The gate runs concurrently with the experts: its routing PUT and the experts'
-            # GETs of minibatches not uploaded yet (polls) are billed on top of the model's
-            # requests; everything the model counts is in the bill.
+            # GETs of minibatches not uploaded yet (polls) are billed on top of the
+            # replicas' own requests (the model has them in transfer_usd / poll_usd, in
+            # the layer cost, not in requests_per_replica); every request the replicas'
+            # accounting counts is in the bill.
             print(f"{'':9s} pipelined polls and routing: {bill.storage - warm_parts[2]:.3g} "
-                  "USD of store requests the model does not count")
+                  "USD of store requests beyond the replicas' own")
             assert bill.storage >= warm_parts[2] * (1 - 1e-9)
         else:
-            assert model_parts[2] - bill.storage == pytest.approx(calls * per_get, rel=1e-6)
+            # The model's two parameter GETs (skeleton, weights) per replica and batch: a
+            # warm instance makes neither.
+            assert model_parts[2] - bill.storage == pytest.approx(
+                PARAM_GETS * calls * per_get, rel=1e-6)
             # Warm instances: the same requests, and no parameter GET: the Meter's exactly.
             assert warm_parts[2] == pytest.approx(bill.storage, rel=1e-9, abs=1e-15)
         if method == "direct" and abs(warm_err["cost"]) > WARM_COST_TOL:

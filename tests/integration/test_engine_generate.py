@@ -66,6 +66,17 @@ def test_prompt_logprobs_equal_the_models_own(model: Any) -> None:
     want = [lp[t - 1, prompt[t]].item() for t in range(1, len(prompt))]
     assert out.prompt_logprobs is not None and out.prompt_logprobs[0] is None
     assert out.prompt_logprobs[1:] == pytest.approx(want, abs=1e-4)
+    # the 3 best alternatives at each prompt position, across prefill chunks
+    tops = out.prompt_top_logprobs
+    assert tops is not None and tops[0] is None and len(tops) == len(prompt)
+    for t in range(1, len(prompt)):
+        top = tops[t]
+        assert top is not None and len(top) == 3
+        # each is the model's own log-probability, and no better token was left out
+        # (compared by value: near-ties may order differently across kernels)
+        assert [lp[t - 1, i].item() for i in top] == pytest.approx(list(top.values()),
+                                                                   abs=1e-4)
+        assert min(top.values()) >= lp[t - 1].topk(3).values[-1].item() - 1e-4
     assert out.logprobs is not None and len(out.logprobs) == 2
     first = out.logprobs[0]
     assert first.logprob == pytest.approx(lp[-1].max().item(), abs=1e-4)

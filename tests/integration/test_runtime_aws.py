@@ -289,6 +289,12 @@ def test_lambda_invoker_reads_report_and_maps_errors(moto: str) -> None:
                 backend.invoke("f", packet)
             stub.assert_no_pending_responses()
         assert backend.stats()["retries"] == 2 + 1 + 2
-        assert len(backend.records()) == 2
+        recs = backend.records()
+        assert [r.failed for r in recs].count(False) == 2
+        # billed failed attempts: the timeout (its whole Lambda Timeout, 3 s) and the
+        # crashes (1 retried, then 3 in a row)
+        failed = [r for r in recs if r.failed]
+        assert len(failed) == 1 + 1 + 3
+        assert sorted(round(r.end_s - r.start_s, 6) for r in failed)[-1] == 3.0
     finally:
         backend.teardown()

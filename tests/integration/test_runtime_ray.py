@@ -106,8 +106,9 @@ def test_outputs_equal_the_monolithic_model(
     mask[1, 5:] = 0  # right padding, as the runner batches
     with Executor(dep, backend, store, platform) as ex:
         res = ex.run_batch(ids, mask, ["a", "b"])
-    assert (res.output - adapter.reference_forward(ids, mask)).abs().max() <= 1e-4
-    N, K = ids.numel(), adapter.top_k
+    diff = ((res.output - adapter.reference_forward(ids, mask))[mask.bool()])
+    assert diff.abs().max() <= 1e-4  # real tokens (padding skips the experts)
+    N, K = int(mask.sum()), adapter.top_k  # padding never reaches an expert
     assert all(s.token_slots == N * K and s.method == method for s in res.layers)
     experts = [r for r in res.records if r.kind == "expert"]
     assert experts and len(experts) == sum(s.invocations for s in res.layers)

@@ -27,8 +27,12 @@ IN_BAD = ["missing.yaml", "adir", "binary.bin", "empty.txt", "list.json", "trace
           "plan.yaml", "counts.npy", "/proc/nope", ""]
 OUT_BAD = ["adir", "/proc/nope/x.json", "binary.bin/x.json", ""]
 STORE_BAD = ["", "/proc/nope/store", "binary.bin", "   "]
+PORT_BAD = ["-1", "65536", "abc", "", "1e12", "99999999999999999999", "1.5"]
+POS_FLOAT_BAD = ["-1", "nan", "inf", "-inf", "1e300", "abc", "", "-0.0", "0"]
+FAULT_BAD = ["", "bogus", "crash", "crash:2", "crash:nan", "crash:0.1:x", "store-503:0.1",
+             "stall:0.1:1:1e9", "a" * 300]
 KINDS = {"int": INT_BAD, "float": FLOAT_BAD, "str": STR_BAD, "in": IN_BAD, "out": OUT_BAD,
-         "store": STORE_BAD}
+         "store": STORE_BAD, "port": PORT_BAD, "posfloat": POS_FLOAT_BAD, "fault": FAULT_BAD}
 SYN = "synthetic:blocks=4,experts=8,top_k=2"
 
 # command -> (positional args, {option: (valid value, kind)}); valid values reference seeds.
@@ -85,9 +89,48 @@ COMMANDS: dict[str, tuple[list[str], dict[str, tuple[str, str]]]] = {
                            "--workers": ("1", "int"), "--slo": ("30", "float"),
                            "-o": ("demo", "out")}),
     "models info": (["tiny-mixtral-random"], {}),
+    # commands that serve, generate, scale, export and distill (model loads are blocked:
+    # a hostile value must be refused before any model is built or loaded)
+    "generate": ([], {
+        "--model": ("tiny-mixtral-random", "str"), "--prompt": ("hi", "str"),
+        "--num-prompts": ("2", "int"), "--max-tokens": ("4", "int"),
+        "--top-p": ("1", "posfloat"), "--max-num-seqs": ("8", "int"),
+        "--device": ("cpu", "str"), "--kernel": ("auto", "str")}),
+    "serve": ([], {
+        "--model": ("tiny-mixtral-random", "str"), "--port": ("8000", "port"),
+        "--max-num-seqs": ("8", "int"), "--max-waiting": ("256", "int"),
+        "--max-body-kb": ("4096", "int"), "--memory-mb": ("2048", "int"),
+        "--platform": ("aws-lambda", "str"), "--slo-ttft": ("1", "posfloat"),
+        "--slo-tpot": ("0.1", "posfloat"), "--step-timeout": ("120", "posfloat"),
+        "--inject-faults": ("crash:0.1", "fault"), "--device": ("cpu", "str")}),
+    "bench serve": ([], {
+        "--url": ("http://127.0.0.1:9", "str"), "--dataset": ("wikitext2", "str"),
+        "--workload": ("poisson:rate=1", "str"), "--duration": ("2", "posfloat"),
+        "--max-requests": ("4", "int"), "--max-tokens": ("4", "int"),
+        "--drain": ("5", "posfloat"), "--slo-ttft": ("1", "posfloat"),
+        "-o": ("b.json", "out")}),
+    "autoscale train": ([], {
+        "--out": ("ck.pt", "out"), "--episodes": ("1", "int"), "--variant": ("full", "str"),
+        "--slo": ("0.3", "posfloat"), "--interval": ("10", "posfloat"),
+        "--model": (SYN, "str"), "--window-minutes": ("1", "int"),
+        "--mean-rps": ("1", "posfloat"), "--threads": ("1", "int")}),
+    "autoscale eval": ([], {
+        "--checkpoint": ("ck.pt", "in"), "--baselines": ("static", "str"),
+        "--pattern": ("bursty", "str"), "--windows": ("1", "int"), "-o": ("ev.json", "out")}),
+    "export": (["plan.yaml"], {"--format": ("knative", "str"), "-o": ("svc.yaml", "out")}),
+    "brownout distill": ([], {
+        "--model": ("tiny-moe-lm-e32", "str"), "--ways": ("2", "str"),
+        "--grouping": ("index", "str"), "--calib-tokens": ("64", "int"),
+        "--max-epochs": ("1", "int")}),
+    **{f"plan --policy {policy}": ([], {
+        "--platform": ("gcp-cloud-run-l4", "str"),
+        "--remote-platform": ("gcp-cloud-run-functions", "str"),
+        "--ttft": ("30", "posfloat"), "--tpot": ("1", "posfloat"),
+        "--activation": ("act.npy", "in"), "--n-in": ("16", "int"), "--n-out": ("8", "int"),
+        "-o": ("r.yaml", "out")}) for policy in ("remoe", "cpu", "gpu", "mix", "fetch")},
 }
 POSITIONAL_KIND = {"plan show": "in", "traces show": "in", "platforms show": "str",
-                   "deploy": "in", "models info": "str"}
+                   "deploy": "in", "models info": "str", "export": "in"}
 MODEL_LOAD = "FUZZ-MODEL-LOAD-REACHED"
 
 
@@ -126,6 +169,10 @@ def make_seeds(folder: Path) -> None:
     (folder / "binary.bin").write_bytes(bytes(range(256)) * 4)
     (folder / "empty.txt").write_text("")
     (folder / "list.json").write_text("[1, 2]")
+    import numpy as np  # a Remoe activation distribution (layers x experts, rows sum to 1)
+
+    act = np.random.default_rng(0).random((26, 64))
+    np.save(folder / "act.npy", act / act.sum(axis=1, keepdims=True))
     runner = CliRunner()
     cwd = os.getcwd()
     os.chdir(folder)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+from moefleet import metric_names as N
 from moefleet.cli import app
 from tests.serve.conftest import Server
 
@@ -27,6 +29,11 @@ def test_bench_serve_cli_measures_and_bills(server: Server, tmp_path: Path) -> N
     assert m["slo_violation_rate"] == 0 and m["goodput_rps"] == m["request_throughput_rps"]
     assert m["ttft_s"]["p50"] is not None and m["itl_s"]["p50"] is not None
     assert out.with_suffix(".png").stat().st_size > 1000
+    named = m["named_metrics"]  # the same figures under the server's metric names
+    assert set(named) == set(N.RESULT_NAMES)
+    assert named[N.TTFT] == m["ttft_s"] and named[N.GENERATION_TOKENS] == m["output_tokens"]
+    assert named[N.BILLED_COST]["total"] == pytest.approx(m["billed_cost_usd"])
+    assert named[N.QUEUE] is None  # the client cannot see the server's queue
 
 
 def test_bench_serve_rejects_bad_options(tmp_path: Path) -> None:

@@ -75,5 +75,10 @@ def test_serve_rejects_bad_options() -> None:
     r = CliRunner().invoke(app, ["serve", "--model", "x", "--brownout", "ways=1,slo-ttft=1,"
                                  "slo-tpot=1"])
     assert r.exit_code == 2 and "ways=1" in r.output
-    r = CliRunner().invoke(app, ["serve", "--model", "x", "--plan", "p.yaml"])
-    assert r.exit_code == 2 and "--plan" in r.output
+    r = CliRunner().invoke(app, ["serve", "--model", "x", "--plan", "missing.yaml"])
+    assert r.exit_code == 2 and "missing.yaml" in r.output
+    r = CliRunner().invoke(app, ["serve", "--model", "x", "--plan", "p.yaml", "--backend",
+                                 "nope"])
+    assert r.exit_code == 2 and "unknown backend 'nope'" in r.output
+    r = CliRunner().invoke(app, ["serve", "--model", "x", "--workers", "2"])
+    assert r.exit_code == 2 and "only apply with --plan" in r.output

@@ -29,6 +29,9 @@ def test_models_list_json() -> None:
 
 
 def test_models_info_json() -> None:
+    # `info` never builds (it says how to), so build first: this test must not depend on
+    # an earlier one having built the model in the same cache.
+    assert run("models", "build", MODEL).exit_code == 0
     res = run("models", "info", MODEL, "--json")
     assert res.exit_code == 0, res.output
     info = json.loads(res.stdout)

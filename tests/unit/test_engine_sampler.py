@@ -7,7 +7,7 @@ import torch
 
 from moefleet.engine import SamplingParams
 from moefleet.engine.detok import Detokenizer
-from moefleet.engine.sampler import Sampler, prompt_logprobs
+from moefleet.engine.sampler import Sampler, prompt_logprobs, prompt_top_logprobs
 
 
 def _logits() -> torch.Tensor:
@@ -51,6 +51,16 @@ def test_prompt_logprobs_pick_the_next_tokens() -> None:
     lp = prompt_logprobs(_logits(), [3, 0])
     ref = torch.log_softmax(_logits(), -1)
     assert lp == pytest.approx([float(ref[0, 3]), float(ref[1, 0])])
+
+
+def test_prompt_top_logprobs_rank_alternatives_and_equal_the_chosen_exactly() -> None:
+    chosen, tops = prompt_top_logprobs(_logits(), [1, 3], 2)
+    assert [list(t) for t in tops] == [[1, 3], [0, 3]]  # best first
+    assert chosen[0] == max(tops[0].values())  # greedy token: bit-equal, as lm-eval checks
+    assert chosen[1] == tops[1][3] and chosen[1] < max(tops[1].values())
+    assert prompt_top_logprobs(_logits(), [1, 3], 0)[1] == [{}, {}]
+    with pytest.raises(ValueError, match="21"):
+        prompt_top_logprobs(_logits(), [1, 3], 21)
 
 
 @pytest.fixture(scope="module")

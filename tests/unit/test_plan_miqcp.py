@@ -10,7 +10,7 @@ import pytest
 from moefleet.errors import MissingExtraError
 from moefleet.plan import MiqcpPlanner, build_plan, evaluate, solve_miqcp
 from moefleet.plan.base import Frontiers
-from tests.plan_helpers import all_configs, brute_force_optimum, tiny_problem
+from tests.plan_helpers import all_configs, brute_force_optimum, planned_cost, tiny_problem
 
 pytest.importorskip("pyscipopt")
 
@@ -38,7 +38,7 @@ def test_per_method_miqcp_matches_enumeration(method: int) -> None:
         _, est = build_plan(q, res.layers, "miqcp")
         assert est.feasible, est.violations
         assert res.status == "optimal"
-        assert est.cost_usd == pytest.approx(opt, rel=1e-6)
+        assert planned_cost(q, est.as_predicted()) == pytest.approx(opt, rel=1e-6)
 
 
 def test_full_miqcp_planner_matches_enumeration() -> None:
@@ -49,7 +49,7 @@ def test_full_miqcp_planner_matches_enumeration() -> None:
         plan = MiqcpPlanner(time_limit_s=120).plan(q)
         assert evaluate(q, plan).feasible
         assert plan.meta["status"] == "optimal"
-        assert plan.predicted["cost_usd"] == pytest.approx(
+        assert planned_cost(q, plan.predicted) == pytest.approx(
             brute_force_optimum(q, configs=configs), rel=1e-6)
 
 
@@ -75,13 +75,14 @@ def test_warm_instances_miqcp_agrees_with_ods_and_enumeration() -> None:
         assert evaluate(q, plan).feasible
         assert plan.meta["status"] == "optimal" and plan.meta["warm_instances"] is True
         opt = brute_force_optimum(q, configs=configs)
-        assert plan.predicted["cost_usd"] == pytest.approx(opt, rel=1e-6)
-        assert plan.predicted["cost_usd"] == pytest.approx(
-            OdsPlanner().plan(q).predicted["cost_usd"], rel=1e-6)
+        assert planned_cost(q, plan.predicted) == pytest.approx(opt, rel=1e-6)
+        assert planned_cost(q, plan.predicted) == pytest.approx(
+            planned_cost(q, OdsPlanner().plan(q).predicted), rel=1e-6)
     # a=1 alone: its quadratic billing and the dropped parameter GET in the formulation.
     q = tiny_problem([[3, 7, 2]], 100.0, bytes_per_token=1_500_000, warm_instances=True)
     q = q.with_slo(_slos(q)[2])  # a=1 alone misses the tighter SLOs here
     res = solve_miqcp(q, [[1]], time_limit_s=120)
     opt = brute_force_optimum(q, [1])
     assert res.layers is not None and res.status == "optimal"
-    assert build_plan(q, res.layers, "miqcp")[1].cost_usd == pytest.approx(opt, rel=1e-6)
+    est = build_plan(q, res.layers, "miqcp")[1]
+    assert planned_cost(q, est.as_predicted()) == pytest.approx(opt, rel=1e-6)

@@ -22,6 +22,7 @@ from tests.plan_helpers import (
     all_configs,
     bert_profile,
     brute_force_optimum,
+    planned_cost,
     skewed_counts,
     tiny_problem,
 )
@@ -57,11 +58,12 @@ def test_ods_within_2_percent_of_the_exact_optimum(counts: list[list[int]]) -> N
         plan = OdsPlanner().plan(q)
         est = evaluate(q, plan)
         assert est.feasible
-        assert est.cost_usd <= 1.02 * opt, (counts, slo, est.cost_usd / opt)
-        assert est.cost_usd >= opt * (1 - 1e-9)  # nothing beats the enumeration
+        cost = planned_cost(q, est.as_predicted())
+        assert cost <= 1.02 * opt, (counts, slo, cost / opt)
+        assert cost >= opt * (1 - 1e-9)  # nothing beats the enumeration
         # Alg. 1 as published is never better than the refined result, and is feasible.
         paper = get_planner("ods-paper").plan(q)
-        assert paper.predicted["cost_usd"] >= est.cost_usd * (1 - 1e-9)
+        assert planned_cost(q, paper.predicted) >= cost * (1 - 1e-9)
         assert evaluate(q, paper).feasible
 
 
@@ -141,13 +143,14 @@ def test_paper_style_setting(experts: int) -> None:
     ods = OdsPlanner().plan(q)
     cpu = cpu_cluster_cost(q, prof, load_platform("cpu-cluster"))
     assert evaluate(q, ods).feasible
-    # The paper's headline is 43% below LambdaML (0.57x); measured here 0.52x, 0.38x, 0.28x
-    # for 4, 8, 16 experts.
+    # The paper's headline is 43% below LambdaML (0.57x); measured here 0.60x, 0.44x, 0.32x
+    # for 4, 8, 16 experts, with the segments' and coordinator's store requests billed
+    # (plan.transfers: 3.3e-4 USD a batch, the 31 MB activations spill in every layer).
     assert ods.predicted["cost_usd"] <= 0.6 * lam.predicted["cost_usd"]
     # Against the CPU cluster read as a fully busy server (MoE seconds x hourly price, no
-    # idle hour billed): measured 0.16x, 0.30x, 0.47x. (A whole rented hour per batch,
-    # cpu.cost_usd, is ~4,000x any plan and proves nothing.)
-    assert ods.predicted["cost_usd"] <= 0.5 * cpu.moe_prorated_usd
+    # idle hour billed): measured 0.19x, 0.36x, 0.55x. (A whole rented hour per batch,
+    # cpu.cost_usd, is ~3,000x any plan and proves nothing.)
+    assert ods.predicted["cost_usd"] <= 0.6 * cpu.moe_prorated_usd
 
 
 @pytest.mark.parametrize("counts", INSTANCES)
@@ -165,7 +168,7 @@ def test_warm_instances_ods_is_the_exact_optimum(counts: list[list[int]]) -> Non
         est = evaluate(q, plan)
         assert est.feasible and plan.meta["exact"] is True
         assert plan.meta["warm_instances"] is True
-        assert est.cost_usd == pytest.approx(opt, rel=1e-9), (counts, slo)
+        assert planned_cost(q, est.as_predicted()) == pytest.approx(opt, rel=1e-9), (counts, slo)
         # Cheaper than the paper's model at the same SLO (nothing is charged extra).
         cold_opt = brute_force_optimum(cold.with_slo(slo), configs=cold_configs)
         assert opt <= cold_opt * (1 + 1e-12)

@@ -99,9 +99,9 @@ def test_vcpu_priced_platform() -> None:
 def test_gpu_share_priced() -> None:
     fc = Meter(load_platform("alibaba-fc-gpu"))
     c = fc.cost_of(rec(memory_mb=2048, vcpus=1.0, gpu_share=0.5, start_s=0.0, end_s=2.0))
-    # per s = 2 GB * 0.000001268 + 1 vCPU * 0.00001268 + 0.5 GPU * 0.00037183
-    #       = 0.000002536 + 0.00001268 + 0.000185915 = 0.000201131; * 2 s = 0.000402262
-    assert c.compute == pytest.approx(0.000402262)
+    # per s = 2 GB * 0.000003 + 1 vCPU * 0.00002 + 0.5 GPU * 0.001008
+    #       = 0.000006 + 0.00002 + 0.000504 = 0.00053; * 2 s = 0.00106
+    assert c.compute == pytest.approx(0.00106)
 
 
 def test_bill_breakdowns_sum_and_match_hand_computation() -> None:

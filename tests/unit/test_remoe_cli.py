@@ -54,13 +54,21 @@ def test_remoe_plan_has_main_and_groups(files: dict[str, Path]) -> None:
     assert shown.exit_code == 0 and "main" in shown.stdout
 
 
-@pytest.mark.parametrize("policy", ["cpu", "gpu", "mix", "fetch"])
+@pytest.mark.parametrize("policy", ["cpu", "mix", "fetch"])
 def test_baseline_policies_write_plans(files: dict[str, Path], policy: str) -> None:
     res = runner.invoke(app, _args(files, "--json", policy=policy, ttft="1000", tpot="100"))
     assert res.exit_code == 0, res.output
     plan = DeploymentPlan.load(files["out"])
     assert plan.policy == f"remoe-{policy}" and not plan.groups
     assert plan.main is not None and (plan.main.gpu_gb > 0) == (policy != "cpu")
+
+
+def test_gpu_baseline_that_needs_more_than_one_card_is_refused(files: dict[str, Path]
+                                                                 ) -> None:
+    # DeepSeek-V2-Lite's 26 x 64 bf16 experts + non-experts need 28 GB; an A10 has 24 GB.
+    res = runner.invoke(app, _args(files, policy="gpu", ttft="1000", tpot="100"))
+    assert res.exit_code != 0
+    assert "needs 28 GB of GPU memory, one GPU of the platform has 24 GB" in res.output
 
 
 def test_bad_inputs_have_clear_errors(files: dict[str, Path]) -> None:

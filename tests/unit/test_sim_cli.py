@@ -80,3 +80,33 @@ def test_plan_for_another_model(tmp_path: Path) -> None:
     parse_synthetic(MODEL).profile().save(tmp_path / "prof.json")
     res = sim("--plan", str(tmp_path / "p.yaml"), "--profile", str(tmp_path / "prof.json"))
     assert res.exit_code == 2 and "segment functions" in res.output
+
+
+def test_result_reports_serving_figures_under_the_servers_metric_names() -> None:
+    from moefleet import metric_names as N
+
+    res = sim("--model", MODEL, "--memory", "1024", "--workload", "poisson:rate=4",
+              "--duration", "5", "--seed", "3", "--output-tokens", "3", "--slo", "1e-9",
+              "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    m = data["named_metrics"]
+    assert set(m) == set(N.RESULT_NAMES)
+    assert N.TTFT == "moefleet:time_to_first_token_seconds"  # what /metrics exports
+    assert m[N.TTFT] == data["ttft_s"] and m[N.E2E] == data["latency_s"]
+    assert m[N.TPOT] == data["tpot_s"]
+    done = data["requests"]["completed"]
+    assert m[N.REQUEST_SUCCESS] == done > 0 and m[N.QUEUE]["count"] == done
+    assert 0 <= m[N.QUEUE]["max"] <= m[N.TTFT]["max"]  # queueing is part of TTFT
+    assert m[N.PROMPT_TOKENS] == data["requests"]["prompt_tokens"]
+    assert m[N.GENERATION_TOKENS] == data["requests"]["output_tokens"] == 3 * done
+    # every request misses a 1 ns end-to-end SLO; no TTFT/TPOT SLO was set
+    assert m[N.SLO_VIOLATIONS] == {"e2e": done, "ttft": 0, "tpot": 0}
+    billed = m[N.BILLED_COST]
+    assert set(billed) == {*N.COST_PARTS, "total"}
+    assert billed["total"] > 0
+    assert billed["total"] == data["cost"]["total"]
+    assert billed["compute"] == data["cost"]["compute"]
+    table = sim("--model", MODEL, "--memory", "1024", "--workload", "poisson:rate=4",
+                "--duration", "5", "--seed", "3", "--output-tokens", "3")
+    assert table.exit_code == 0 and N.TTFT in table.output and N.BILLED_COST in table.output

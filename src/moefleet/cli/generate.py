@@ -38,7 +38,7 @@ def generate_cmd(
     """
     with user_errors():
         from moefleet.engine import SamplingParams, merge_into
-        from moefleet.engine.build import build_engine, summarize
+        from moefleet.engine.build import build_engine, check_engine_args, summarize
         from moefleet.engine.request import RequestOutput
 
         if (prompt is None) == (dataset is None):
@@ -47,6 +47,7 @@ def generate_cmd(
         if not 1 <= num_prompts <= MAX_PROMPTS:
             raise MoefleetError(f"--num-prompts must be in [1, {MAX_PROMPTS}], got "
                                 f"{num_prompts}", "generate in several runs")
+        check_engine_args(device, max_num_seqs)  # before the model loads
         if kernel not in ("auto", "stacked", "loop"):
             raise MoefleetError(f"unknown --kernel {kernel!r}", "use auto, stacked or loop")
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,

@@ -77,7 +77,8 @@ def make_remoe_plan(*, policy: str, model: str | None, platform: str,
             t = Timing(**json.loads(timing.read_text()))
         except (OSError, json.JSONDecodeError, TypeError) as err:
             raise DataError(f"--timing {timing} is not a timing JSON: {err}",
-                            "write one with benchmarks/remoe_cost.py (timing.json)") from None
+                            "benchmarks/remoe_cost.py writes one: "
+                            "benchmarks/results/remoe_timing.json") from None
     else:
         t = measure_cpu(dims)
     problem = problem_for(dims, t, spec, s_LE, n_in=n_in, n_out=n_out, ttft_slo_s=ttft,

@@ -22,6 +22,7 @@ import typer
 from rich.table import Table
 
 from moefleet import limits as L
+from moefleet import metric_names as N
 from moefleet.cli.common import check_outputs, emit_json, out_console, progress, user_errors
 from moefleet.errors import MoefleetError
 
@@ -175,19 +176,30 @@ def run_simulation(*, plan_path: Path | None, model: str | None, memory: int | N
 
 
 def _table(out: dict[str, Any]) -> Table:
+    """Serving figures are labelled with the server's metric names (the JSON's
+    ``named_metrics`` keys), so they read against ``/metrics`` and ``bench serve``."""
     t = Table(title=f"simulated {out['model']} on {out['platform']} ({out['policy']})")
     t.add_column("metric")
     t.add_column("value", justify="right")
-    lat, cost = out["latency_s"], out["cost"]
+    m, cost = out["named_metrics"], out["cost"]
+
+    def pcts(name: str) -> tuple[str, str]:
+        s = m[name] or {}
+        vals = " / ".join(f"{s[k]:.3g}" if s.get(k) is not None else "-"
+                          for k in ("mean", "p50", "p95", "p99"))
+        return f"{name} mean / p50 / p95 / p99", vals + " s"
+
+    billed = m[N.BILLED_COST]
     rows = [
-        ("requests completed", f"{out['requests']['completed']} / {out['requests']['arrived']}"),
+        (f"{N.REQUEST_SUCCESS} / arrived",
+         f"{m[N.REQUEST_SUCCESS]} / {out['requests']['arrived']}"),
         ("throughput", f"{out['throughput_rps']:.3g} req/s"),
-        ("latency mean / p50 / p95 / p99",
-         " / ".join(f"{lat[k]:.3g}" if lat[k] is not None else "-"
-                    for k in ("mean", "p50", "p95", "p99")) + " s"),
-        ("TTFT p95 / TPOT mean", f"{out['ttft_s']['p95'] or 0:.3g} s / "
-                                 f"{out['tpot_s']['mean'] or 0:.3g} s"),
+        pcts(N.E2E), pcts(N.TTFT), pcts(N.TPOT), pcts(N.QUEUE),
+        (f"{N.PROMPT_TOKENS} / {N.GENERATION_TOKENS}",
+         f"{m[N.PROMPT_TOKENS]} / {m[N.GENERATION_TOKENS]}"),
         ("SLO violations", f"{100 * out['slo_violation_rate']:.1f} %"),
+        (f"{N.BILLED_COST} compute / requests / storage",
+         " / ".join(f"${billed[p]:.4g}" for p in N.COST_PARTS)),
         ("billed cost", f"${cost['total']:.6g} (${cost['per_request']:.3g}/request)"),
         ("invocations / cold starts", f"{out['invocations']} / {out['cold_starts']}"),
         ("events/s (wall)", f"{out['performance']['events_per_s']:.3g}"),

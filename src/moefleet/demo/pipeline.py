@@ -15,17 +15,21 @@ Stages, each cached or measured as it says:
    predictions, so a plan that breaks a constraint on the real counts is reported so),
    and the CPU cluster's cost for the same work;
 7. measured run: every serverless plan, exactly as planned, deployed on the local backend
-   (memory and vCPU limits on, emulated: runtime/local_limits.py) and the workload run
+   (memory and vCPU limits on, emulated: runtime/local_limits.py; packets under the aws
+   backend's base64 inline budget, the one the planner assumes) and the workload run
    through it as the one batch it was planned as: billed by the meter (expert invocations
-   plus the object-store requests the segment functions make for the MoE layers) and
-   throughput, outputs checked against the monolithic model. A run that fails (out of
-   memory, payload) is reported with its error.
+   plus the object-store requests the segment functions and the coordinator make, less
+   the segments' cold-start parameter GETs, which the model bills with the segments) and
+   throughput, outputs checked against the monolithic model; ``run_over_model`` is the
+   measured MoE bill over the model's ``cost_usd`` (same scope, plan.transfers). A run
+   that fails (out of memory, payload) is reported with its error.
 
 Invariant: the workload's routing is used only by the oracle plan and for billing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -113,6 +117,7 @@ class Prepared:
     work_dataset: str = "wikitext2:test"
     warm_instances: bool = False
     predicted_LE: Any = None  # the unadjusted predictor's counts for the workload
+    positions: int = 0  # the workload batch's B x T (padding included): request lengths
 
     def problem(self, counts: np.ndarray, tokens: int) -> Any:  # -> PlanningProblem
         from moefleet.plan import PlanningProblem
@@ -178,7 +183,8 @@ def prepare(cfg: DemoConfig, say: Say = print, progress: Progress = _quiet) -> P
                     predictor=predictor, bo_batches=bo_batches, workload=workload,
                     work_trace=work, slo_s=cfg.slo_s or 1e6, work_dataset=work_dataset,
                     warm_instances=cfg.warm_instances,
-                    predicted_LE=predictor.predict_counts(workload.requests))
+                    predicted_LE=predictor.predict_counts(workload.requests),
+                    positions=padded_positions(work))
     if cfg.slo_s is None:
         probe = prep.problem(counts_for_plan(prep.predicted_LE), workload.tokens)
         latency = LambdaMLPlanner().plan(probe).predicted["latency_s"]
@@ -207,7 +213,9 @@ def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
     say(f"BO ({bo.sampler}, evaluator {bo.evaluator}): {bo.iterations} iterations in "
         f"{bo.wall_s:.1f} s, objective {bo.baseline.cost:.4g} -> {bo.best.cost:.4g} USD")
 
-    real = prep.problem(workload.real_LE, workload.tokens)
+    # The batch's padded shape is known before it runs (request lengths), its routing is not.
+    real = dataclasses.replace(prep.problem(workload.real_LE, workload.tokens),
+                               positions=max(prep.positions, workload.tokens))
     ods = OdsPlanner()
     pred_work = prep.predicted_LE
     with bo.applied() as adjusted:
@@ -221,6 +229,8 @@ def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
     for name, (plan, _pred) in plans.items():
         est = evaluate(real, plan)  # as planned, on the real counts: no repair
         rows[name] = {"kind": "serverless", "cost_usd": est.cost_usd,
+                      "model_parts_usd": {k: v for k, v in est.as_predicted().items()
+                                          if k not in ("cost_usd", "latency_s")},
                       "latency_s": est.latency_s, "slo_met": est.latency_s <= slo + 1e-9,
                       "feasible": est.feasible, "violations": est.violations[:3],
                       "throughput_tokens_per_s": workload.tokens / est.latency_s,
@@ -240,9 +250,11 @@ def run_demo(cfg: DemoConfig, out_dir: Path, say: Say = print,
             def on_batch(done: int, total: int, label: str = label) -> None:
                 progress(label, done, total)
 
-            rows[name]["measured"] = measure(out_dir / f"plan_{name}.yaml", prep.adapter,
-                                             prep.spec, prep.work_trace, prep.work_dataset,
-                                             cfg, on_batch)
+            m = measure(out_dir / f"plan_{name}.yaml", prep.adapter, prep.spec,
+                        prep.work_trace, prep.work_dataset, cfg, on_batch)
+            if "moe_cost_usd" in m:
+                m["run_over_model"] = m["moe_cost_usd"] / rows[name]["cost_usd"]
+            rows[name]["measured"] = m
     return {
         "model": cfg.model, "platform": cfg.platform, "cluster": cfg.cluster,
         "slo_s": slo, "workload": {"dataset": prep.work_dataset, "tokens": workload.tokens},
@@ -263,6 +275,7 @@ def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, dataset: str,
     import tempfile
 
     from moefleet.plan import DeploymentPlan
+    from moefleet.plan.costmodel import PARAM_GETS
     from moefleet.platform import Meter, open_store
     from moefleet.runtime.runner import make_batches
     from moefleet.runtime.session import open_deployment
@@ -271,7 +284,7 @@ def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, dataset: str,
     rids, texts = _workload_texts(work, dataset)
     (batch,) = make_batches(adapter, rids, texts, max_tokens=work.num_tokens,
                             max_length=cfg.max_length, batch_size=len(rids))
-    options: dict[str, Any] = {"limits": True}
+    options: dict[str, Any] = {"limits": True, "wire": "base64"}
     if cfg.workers is not None:
         options["workers"] = cfg.workers
     with tempfile.TemporaryDirectory(prefix="moefleet-demo-store-") as tmp, \
@@ -291,24 +304,41 @@ def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, dataset: str,
     if progress:
         progress(1, 1)
     meter = Meter(spec)
-    expert = segment_store = segment_total = 0.0
+    expert = expert_store = segment_store = segment_total = segment_param = 0.0
     for rec in res.records:
         parts = meter.add(rec)
         if rec.kind == "expert":
             expert += parts.total
+            expert_store += parts.storage
         else:
-            segment_store += parts.storage
+            # a cold segment's parameter GETs are the segment's cost (costmodel.segment_cost)
+            param = spec.storage_request_cost(0, PARAM_GETS) if rec.cold else 0.0
+            segment_param += param
+            segment_store += parts.storage - param
             segment_total += parts.total
     client = meter.add_storage(client_puts, client_gets, function="<executor>").total
-    diff = float((res.output - adapter.reference_forward(batch[0], batch[1])).abs().max())
+    # Padding positions never reach an expert (their MoE output is 0): compare real tokens.
+    real_BT = batch[1].bool() if batch[1] is not None else slice(None)
+    diff = float((res.output - adapter.reference_forward(batch[0], batch[1]))[real_BT]
+                 .abs().max())
     return {"moe_cost_usd": expert + segment_store + client,
-            "expert_cost_usd": expert, "segment_store_usd": segment_store,
+            "expert_cost_usd": expert, "expert_store_usd": expert_store,
+            "segment_store_usd": segment_store, "segment_param_usd": segment_param,
             "client_store_usd": client, "total_cost_usd": expert + segment_total + client,
             "latency_s": res.latency_s, "wall_s": wall,
             "throughput_tokens_per_s": res.tokens / res.latency_s, "tokens": res.tokens,
             "positions": res.positions, "cold_starts": sum(r.cold for r in res.records),
             "invocations": len(res.records), "max_abs_diff": diff,
             "cpu_stretch_s": stats["cpu_stretch_s"], "limits": stats["limits"]}
+
+
+def padded_positions(trace: Any) -> int:
+    """B x T of ``trace``'s requests sent as one batch padded to the longest (the trace
+    has one row per token and MoE layer)."""
+    per_request = np.unique(np.asarray(trace.table.column("request_id").to_pylist()),
+                            return_counts=True)[1]
+    layers = max(1, len(set(trace.table.column("layer").to_pylist())))
+    return int(len(per_request) * (int(per_request.max(initial=0)) // layers))
 
 
 def _workload_texts(work: Any, dataset: str) -> tuple[list[str], list[str]]:

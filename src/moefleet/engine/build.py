@@ -29,19 +29,25 @@ def resolve_device(device: str) -> torch.device:
     raise EngineError(f"unknown device {device!r}", "use cpu, cuda or cuda:N")
 
 
-def build_engine(adapter: MoEModelAdapter, *, device: str = "cpu", kernel: Kernel = "auto",
-                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
-                 kv_budget_bytes: int | None = None, experts: ExpertFn | None = None,
-                 **engine_kw: Any) -> Engine:
-    """An engine over ``adapter``: experts in process with ``kernel``, or through
-    ``experts`` (any ExpertFn: brownout routing, remote functions ...)."""
+def check_engine_args(device: str, max_num_seqs: int, max_num_batched_tokens: int = 2048
+                      ) -> torch.device:
+    """Validate what sizes an engine before any model is loaded; returns the device."""
     if not 1 <= max_num_seqs <= MAX_NUM_SEQS:
         raise EngineError(f"max_num_seqs must be in [1, {MAX_NUM_SEQS}], got {max_num_seqs}",
                           "running sequences share one step; 64 is a good default")
     if not 1 <= max_num_batched_tokens <= 65_536:
         raise EngineError(f"max_num_batched_tokens must be in [1, 65536], got "
                           f"{max_num_batched_tokens}", "2048 is a good default")
-    dev = resolve_device(device)
+    return resolve_device(device)
+
+
+def build_engine(adapter: MoEModelAdapter, *, device: str = "cpu", kernel: Kernel = "auto",
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
+                 kv_budget_bytes: int | None = None, experts: ExpertFn | None = None,
+                 **engine_kw: Any) -> Engine:
+    """An engine over ``adapter``: experts in process with ``kernel``, or through
+    ``experts`` (any ExpertFn: brownout routing, remote functions ...)."""
+    dev = check_engine_args(device, max_num_seqs, max_num_batched_tokens)
     if dev.type != "cpu":
         adapter.model.to(dev)
     runner = LocalRunner(adapter, experts=experts, kernel=kernel,

@@ -5,6 +5,24 @@ accepted is ever dropped (cache exhaustion preempts and recomputes). Every reque
 clock readings (arrival, first schedule, each token, finish) give TTFT, TPOT,
 inter-token latency and end-to-end latency; every step's per-expert token counts and
 timings are kept in :attr:`Engine.stats`.
+
+Failures (the engine's fault semantics, tested in tests/faults/test_engine_faults.py):
+
+- A transient expert or runner failure (crashed, timed-out or throttled expert
+  function, dropped connection) is retried in place by the runner; the step's requests
+  only see added latency, and their outputs are unchanged (see ``runner.py``).
+- When a step fails for good (retries exhausted, or an error that is not transient),
+  every request with a row in that step ends at once with ``finish_reason="error"`` and
+  ``error`` naming the cause; its cache is freed. The step's rows shared one batched
+  expert call, so none of them can be trusted. Every other request (waiting, or not
+  scheduled in that step) is untouched and the engine keeps serving: one bad step never
+  takes the others down. Step hooks do not see a failed step.
+- Any other exception (scheduler, sampler, detokenizer: a bug, not a fault) propagates
+  out of :meth:`Engine.step`; the server then marks the engine dead (``/health`` 503)
+  and fails every request in flight with a clear error (``serve/worker.py``).
+- A stalled step (an expert call that does not return) cannot be interrupted in
+  process: it delays the step's requests. The server's watchdog reports a step running
+  past its ``step_timeout_s`` on ``/health`` (503) and fails the requests waiting on it.
 """
 
 from __future__ import annotations
@@ -25,8 +43,8 @@ from moefleet.engine.request import (
     SamplingParams,
     Sequence,
 )
-from moefleet.engine.runner import ModelRunner
-from moefleet.engine.sampler import Sampler, prompt_logprobs
+from moefleet.engine.runner import ModelRunner, StepFailedError
+from moefleet.engine.sampler import Sampler, prompt_top_logprobs
 from moefleet.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
 Clock = Callable[[], float]
@@ -61,6 +79,8 @@ class EngineStats:
     expert_tokens: dict[int, torch.Tensor] = field(default_factory=dict)
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    failed_steps: int = 0
+    failed_requests: int = 0
     max_steps_kept: int = 100_000  # a long-running server keeps a bounded history
 
     def record(self, s: StepStats, counts: dict[int, torch.Tensor]) -> None:
@@ -79,6 +99,7 @@ class _Live:
     detok: Detokenizer | None
     sent_prompt_logprobs: bool = False
     prompt_lps: list[float | None] = field(default_factory=list)
+    prompt_tops: list[dict[int, float] | None] = field(default_factory=list)
 
 
 class Engine:
@@ -175,7 +196,10 @@ class Engine:
                 live.times.scheduled = now
         for hook in self.hooks:
             hook.before_step(sched, now)
-        res = self.runner.execute(sched)
+        try:
+            res = self.runner.execute(sched)
+        except StepFailedError as err:
+            return self._fail_step(sched, err)
         seqs = self.scheduler.seqs
         for seq_id, logits_TV in res.prompt_logits.items():
             self._prompt_logprobs(seqs[seq_id], next(r for r in sched.rows
@@ -198,15 +222,40 @@ class Engine:
             len(sched.preempted), res.forward_s, time.perf_counter() - t0), res.expert_counts)
         return outputs
 
+    def _fail_step(self, sched: SchedulerOutput, err: StepFailedError) -> list[RequestOutput]:
+        """End every request of a failed step with its error; the rest keep running."""
+        now = self.clock()
+        msg = str(err)
+        outputs: list[RequestOutput] = []
+        for row in sched.rows:
+            seq = self.scheduler.seqs.get(row.seq_id)
+            if seq is None:
+                continue
+            live = self._live.pop(seq.request_id)
+            live.times.finished = now
+            self.scheduler.finish(seq.seq_id, "error")
+            self.runner.free([seq.seq_id])
+            self.sampler.forget(seq.seq_id)
+            outputs.append(RequestOutput(seq.request_id, [], "", True, "error", times=live.times,
+                                         num_prompt_tokens=len(seq.prompt_ids),
+                                         num_output_tokens=len(seq.output_ids), error=msg))
+        self.stats.failed_steps += 1
+        self.stats.failed_requests += len(outputs)
+        return outputs
+
     def _prompt_logprobs(self, seq: Sequence, start: int, logits_TV: torch.Tensor) -> None:
         live = self._live[seq.request_id]
         if start == 0:
-            live.prompt_lps = [None]
+            live.prompt_lps, live.prompt_tops = [None], [None]
         n = len(seq.prompt_ids)
         stop = min(start + logits_TV.shape[0], n - 1)  # the last prompt row predicts output
         if stop > start:
-            live.prompt_lps.extend(prompt_logprobs(logits_TV[: stop - start],
-                                                   seq.prompt_ids[start + 1: stop + 1]))
+            # the same top-n as the sampled tokens get (OpenAI's echo + logprobs=n)
+            lps, tops = prompt_top_logprobs(logits_TV[: stop - start],
+                                            seq.prompt_ids[start + 1: stop + 1],
+                                            seq.params.logprobs or 0)
+            live.prompt_lps.extend(lps)
+            live.prompt_tops.extend(tops)
 
     def _emit(self, seq: Sequence, token: int, lp, now: float, done: bool) -> RequestOutput:
         live = self._live[seq.request_id]
@@ -233,6 +282,7 @@ class Engine:
             out.prompt_token_ids = list(seq.prompt_ids)
             if seq.params.prompt_logprobs:
                 out.prompt_logprobs = live.prompt_lps
+                out.prompt_top_logprobs = live.prompt_tops
         if done:
             t.finished = now
             self.scheduler.finish(seq.seq_id, reason or "stop")
@@ -269,9 +319,11 @@ def merge_into(acc: RequestOutput, delta: RequestOutput) -> None:
         acc.logprobs = (acc.logprobs or []) + delta.logprobs
     if delta.prompt_logprobs is not None:
         acc.prompt_logprobs = delta.prompt_logprobs
+        acc.prompt_top_logprobs = delta.prompt_top_logprobs
     if delta.prompt_token_ids is not None:
         acc.prompt_token_ids = delta.prompt_token_ids
     acc.finished, acc.finish_reason = delta.finished, delta.finish_reason
     acc.times = delta.times or acc.times
     acc.num_prompt_tokens = delta.num_prompt_tokens
     acc.num_output_tokens = delta.num_output_tokens
+    acc.error = delta.error or acc.error

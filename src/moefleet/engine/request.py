@@ -26,7 +26,8 @@ class SamplingParams:
     ``temperature`` 0 is greedy; ``top_k`` 0 means all tokens; ``seed`` makes a
     request's draws independent of what else is in the batch; ``logprobs`` n returns the
     chosen token's log-probability and the n most likely (0: just the chosen one);
-    ``prompt_logprobs`` returns the log-probability of every prompt token (echo);
+    ``prompt_logprobs`` returns the log-probability of every prompt token (echo), with
+    the ``logprobs`` most likely alternatives at each prompt position;
     ``ignore_eos`` keeps generating past end-of-sequence (benchmarks with fixed lengths).
     """
 
@@ -156,8 +157,11 @@ class TokenLogprob:
 class RequestOutput:
     """A streamed delta: the tokens and text a request produced since its last output.
     ``prompt_logprobs`` arrives once, with the first delta (None for the first prompt
-    token, which nothing predicts). ``times`` is the request's live clock record
-    (complete, with ``finished``, on the final delta)."""
+    token, which nothing predicts), with ``prompt_top_logprobs`` (token id ->
+    log-probability of the ``logprobs`` most likely tokens at each prompt position).
+    ``times`` is the request's live clock record (complete, with ``finished``, on the
+    final delta). A request the engine could not finish ends with
+    ``finish_reason="error"`` and ``error`` saying why."""
 
     request_id: str
     new_token_ids: list[int]
@@ -166,7 +170,9 @@ class RequestOutput:
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[dict[int, float] | None] | None = None
     prompt_token_ids: list[int] | None = None
     times: RequestTimes | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    error: str | None = None

@@ -4,6 +4,17 @@ A runner owns the KV cache (sequences live only in the scheduler, K/V only here)
 drops the cache of preempted sequences, runs the step's rows and returns the logits the
 engine samples from, plus per-expert token counts and how long the forward took.
 
+Failures: the runner calls its experts through :class:`RetryingExperts`, which retries an
+expert call that fails with a transient error (the ``engine`` entry of
+:data:`~moefleet.runtime.retry.POLICIES`: a crashed, timed-out or throttled expert
+function, a dropped connection) with backoff and the platform's retry-after. An expert
+call is a pure function of its inputs, so a retry returns the same output and the step
+goes on as if nothing happened (only later). When the retries run out, or the error is
+not transient, or anything else in the forward raises, :meth:`LocalRunner.execute`
+raises :class:`StepFailedError` naming every sequence of the step; the engine fails
+exactly those requests (see ``engine.py``) and frees their cache, so a step whose first
+forward committed and whose second failed leaves no half-advanced sequence behind.
+
 Shape legend: B rows, V vocabulary, T tokens of a row.
 """
 
@@ -21,6 +32,7 @@ from moefleet.models.base import ExpertFn, MoEModelAdapter
 from moefleet.models.kv import KVCache
 from moefleet.models.local_experts import Kernel, local_experts
 from moefleet.models.step import StepInput
+from moefleet.runtime.retry import POLICIES, RetryPolicy, retry_call
 
 
 @dataclass
@@ -33,6 +45,34 @@ class RunnerOutput:
     prompt_logits: dict[int, torch.Tensor] = field(default_factory=dict)
     expert_counts: dict[int, torch.Tensor] = field(default_factory=dict)
     forward_s: float = 0.0
+
+
+class RetryingExperts:
+    """An ExpertFn that retries ``inner``'s transient failures under ``policy``;
+    ``retries`` counts the calls repeated (thread-safe enough: one engine thread)."""
+
+    def __init__(self, inner: ExpertFn, policy: RetryPolicy) -> None:
+        self.inner, self.policy = inner, policy
+        self.retries = 0
+
+    def __call__(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
+                 w_NK: torch.Tensor) -> torch.Tensor:
+        return retry_call(self.policy, lambda: self.inner(layer, x_ND, ids_NK, w_NK),
+                          on_failure=self._failed)
+
+    def _failed(self, err: BaseException, attempt: int) -> None:
+        if attempt < self.policy.attempts - 1:
+            self.retries += 1
+
+
+class StepFailedError(EngineError):
+    """A step's forward failed for good; ``seq_ids`` are the sequences it carried."""
+
+    def __init__(self, seq_ids: list[int], cause: BaseException) -> None:
+        super().__init__(f"model step failed: {type(cause).__name__}: {cause}",
+                         "retry the request")
+        self.seq_ids = seq_ids
+        self.cause = cause
 
 
 class ModelRunner(Protocol):
@@ -53,16 +93,19 @@ class LocalRunner:
     def __init__(self, adapter: MoEModelAdapter, *, experts: ExpertFn | None = None,
                  kernel: Kernel = "auto", kv_budget_bytes: int | None = None,
                  block_size: int = 16, max_num_seqs: int = 64,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, retry: RetryPolicy | None = None
+                 ) -> None:
         if not adapter.causal:
             raise EngineError(
                 f"{adapter.name} ({adapter.family}) is an encoder: it cannot generate",
                 "generate with a decoder model, e.g. tiny-moe-lm")
         self.adapter = adapter
-        self.experts = experts or local_experts(adapter, kernel)
+        inner = experts or local_experts(adapter, kernel)
+        self.experts = RetryingExperts(inner, retry or POLICIES["engine"])
         # An ExpertFn that attributes work (RemoteExperts) learns whose each token row is:
-        # the owners are sequence ids (str), in the order rows reach the ExpertFn.
-        self._set_owners = getattr(self.experts, "set_owners", None)
+        # the owners are sequence ids (str), in the order rows reach the ExpertFn (a
+        # retried call keeps them: the rows are the same).
+        self._set_owners = getattr(inner, "set_owners", None)
         context = int(getattr(getattr(adapter.model, "config", None),
                               "max_position_embeddings", 2048) or 2048)
         self.max_model_len = min(max_model_len or context, context)
@@ -103,7 +146,10 @@ class LocalRunner:
             if self._set_owners is not None:  # remote experts bill each token's sequence
                 self._set_owners([str(r.seq_id) for r in sub for _ in r.token_ids])
             t0 = time.perf_counter()
-            res = self.adapter.forward_step(step, self.cache, self.experts)
+            try:
+                res = self.adapter.forward_step(step, self.cache, self.experts)
+            except Exception as err:
+                raise StepFailedError([r.seq_id for r in rows], err) from err
             forward_s += time.perf_counter() - t0
             for i, r in enumerate(sub):
                 last[r.seq_id] = res.last_logits_BV[i]

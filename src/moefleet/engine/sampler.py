@@ -72,6 +72,26 @@ class Sampler:
 
 def prompt_logprobs(logits_TV: torch.Tensor, next_ids: list[int]) -> list[float]:
     """log p(next_ids[t] | tokens up to t) for every row t of ``logits_TV``."""
+    return prompt_top_logprobs(logits_TV, next_ids, 0)[0]
+
+
+def prompt_top_logprobs(logits_TV: torch.Tensor, next_ids: list[int], n: int
+                        ) -> tuple[list[float], list[dict[int, float]]]:
+    """Per row t: log p(next_ids[t] | tokens up to t), and the ``n`` most likely next
+    tokens with their log-probabilities (empty dicts for n = 0).
+
+    Invariant: both come from one log-softmax, so when next_ids[t] is the row's argmax its
+    log-probability equals the largest value of the row's top dict exactly (evaluation
+    tools test greediness with ``==``).
+    """
+    if not 0 <= n <= 20:
+        raise ValueError(f"top-n must be in [0, 20], got {n}")
     lp_TV = torch.log_softmax(logits_TV.float(), dim=-1)
     idx = torch.as_tensor(next_ids, dtype=torch.long)
-    return lp_TV[torch.arange(len(next_ids)), idx].tolist()
+    chosen = lp_TV[torch.arange(len(next_ids)), idx].tolist()
+    if n == 0:
+        return chosen, [{} for _ in chosen]
+    vals_TN, ids_TN = lp_TV.topk(n, dim=-1)
+    tops = [dict(zip(i, v, strict=True))
+            for i, v in zip(ids_TN.tolist(), vals_TN.tolist(), strict=True)]
+    return chosen, tops

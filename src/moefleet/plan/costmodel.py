@@ -21,12 +21,17 @@ where billed() rounds up to the billing granularity with the minimum billed dura
 (100 ms on aws-lambda-2020, 1 ms today), applied per invocation because that is how the
 platform bills; an expert costs g times its replica. Object-store requests are our
 addition (the paper's objective has only GB-s; the platform bills them and they make small
-pipelined minibatches honest): per replica a=1: 2·nblk PUT + (1 + 2·nblk) GET (inputs put
-by the gate, got by the expert, outputs put, got by the next segment, plus the parameter
-GET); a=2: 2 PUT + 3 GET; a=3: 1 GET (parameters). ``PlanningProblem.storage_requests``
-switches them off. An expert with d = 0 is not invoked: no cost, no latency. The cost is
-that of the MoE layers only (the paper's objective); ``segment_cost_usd`` reports the
-non-MoE segment functions for information.
+pipelined minibatches honest): per replica a=1: 2·nblk PUT + (2 + 2·nblk) GET (inputs put
+by the gate, got by the expert, outputs put, got by the next segment, plus the two
+parameter GETs of a cold start: the skeleton and the expert's weights) and the GETs it
+makes for minibatches not yet uploaded (``transfers.minibatch_failed_asks``); a=2: 2 PUT +
+4 GET; a=3: 2 GET (parameters). On top, per MoE layer, the requests the segments and the
+coordinator make to move the layer's activations (``transfer_usd``, :mod:`.transfers`:
+spills over the inline budget, the pipelined routing and its polling) and one LIST per
+batch. ``PlanningProblem.storage_requests`` switches all of them off. An expert with d = 0
+is not invoked: no cost, no latency. The cost is that of the MoE layers (the paper's
+objective plus those requests); ``segment_cost_usd`` reports the non-MoE segment
+functions for information.
 
 Warm instances (``PlanningProblem.warm_instances``, opt-in, off by default: the paper's
 model above is the default). Steady-state serving where every function instance already
@@ -49,11 +54,13 @@ from typing import Any
 
 import numpy as np
 
+from moefleet.plan import transfers
 from moefleet.plan.plan import METHOD_CODES, DeploymentPlan
 from moefleet.plan.problem import MB, PlanningProblem
 from moefleet.platform.inline import GATE_WEIGHT_BYTES, PACKET_ENVELOPE_BYTES
 
 _TOL = 1e-9  # seconds; latency comparisons against the SLO
+PARAM_GETS = 2  # a cold expert function GETs the model skeleton and its expert's weights
 
 
 @dataclass(frozen=True)
@@ -148,8 +155,8 @@ def requests_per_replica(
     method: int, nblk: Any, warm_instances: bool = False
 ) -> tuple[Any, Any]:
     """(PUTs, GETs) to the object store caused by one replica per batch (our accounting);
-    with warm instances there is no parameter GET (one GET fewer)."""
-    param = 0 if warm_instances else 1
+    with warm instances there are no parameter GETs."""
+    param = 0 if warm_instances else PARAM_GETS
     if method == 1:
         return 2 * nblk, param + 2 * nblk
     if method == 2:
@@ -218,15 +225,20 @@ class LayerEstimate:
 class Estimate:
     """What the analytical model says about one plan (units: USD, seconds)."""
 
-    cost_usd: float  # MoE layers: compute + request + storage parts below
+    cost_usd: float  # MoE layers: compute + request + storage + transfer + poll parts
     latency_s: float  # end to end, eq. 12d
     compute_usd: float
     request_usd: float
-    storage_usd: float
+    storage_usd: float  # the expert replicas' own store requests
     segment_cost_usd: float  # non-MoE segment functions, not part of cost_usd
     layers: list[LayerEstimate]
     feasible: bool
     violations: list[str] = field(default_factory=list)
+    transfer_usd: float = 0.0  # segments' and coordinator's store requests (transfers)
+    # Pipelined replicas' GETs for minibatches not yet up. They couple a layer's replicas
+    # (the gate's upload waves), so the planners' frontiers leave them out: a planner's
+    # optimum is exact for cost_usd - poll_usd.
+    poll_usd: float = 0.0
 
     def as_predicted(self) -> dict[str, float]:
         """The ``DeploymentPlan.predicted`` entries."""
@@ -236,6 +248,8 @@ class Estimate:
             "compute_usd": self.compute_usd,
             "request_usd": self.request_usd,
             "storage_usd": self.storage_usd,
+            "transfer_usd": self.transfer_usd,
+            "poll_usd": self.poll_usd,
             "segment_cost_usd": self.segment_cost_usd,
         }
 
@@ -254,13 +268,17 @@ def evaluate(problem: PlanningProblem, plan: DeploymentPlan) -> Estimate:
         )
     prices: dict[int, float] = dict(
         zip(problem.memory_options_mb, price_table(problem).tolist(), strict=True))
-    parts = np.zeros(3)  # compute, request, storage
+    parts = np.zeros(5)  # compute, request, storage, transfer, poll
+    parts[3] = transfers.batch_requests(problem).usd(rates.per_put, rates.per_get)
     layers: list[LayerEstimate] = []
     for li, lp in enumerate(plan.layers):
         a, beta = METHOD_CODES[lp.method], lp.beta
         d = problem.counts(li)
         head = head_s(rates, problem.expert_param_bytes[li])
-        layer_cost, max_t, r_max, calls = 0.0, 0.0, 0, 0
+        layer_cost = transfers.layer_transfer_usd(problem, li, a, rates.per_put, rates.per_get)
+        parts[3] += layer_cost
+        max_t, r_max, calls = 0.0, 0, 0
+        active = sum(ec.replicas for ec, n in zip(lp.experts, d, strict=True) if n > 0)
         for i, ec in enumerate(lp.experts):
             g, mem = ec.replicas, ec.memory_mb
             r = math.ceil(int(d[i]) / g)
@@ -282,12 +300,19 @@ def evaluate(problem: PlanningProblem, plan: DeploymentPlan) -> Estimate:
                                    problem.bytes_out))
             nblk = int(n_blocks(r, beta)) if a == 1 else 1
             puts, gets = requests_per_replica(a, nblk, rates.warm_instances)
+            poll = 0.0
+            if a == 1 and rates.per_get:
+                u_blk = rates.acc_s + beta * max(problem.bytes_in / rates.bs + u,
+                                                 problem.bytes_out / rates.bs)
+                poll = rates.per_get * transfers.minibatch_failed_asks(
+                    problem, head, u_blk, nblk, beta, active, rates.acc_s, rates.bs)
             if mem not in prices:
                 prices[mem] = price_per_s(problem, mem)
             compute = prices[mem] * float(replica_billed_s(t, rates))
             storage = puts * rates.per_put + gets * rates.per_get
-            parts += g * np.array([compute, rates.per_request, storage])
-            layer_cost += g * (compute + rates.per_request + storage)
+            parts[:3] += g * np.array([compute, rates.per_request, storage])
+            parts[4] += g * poll
+            layer_cost += g * (compute + rates.per_request + storage + poll)
             max_t, r_max, calls = max(max_t, t), max(r_max, r), calls + g
         if a == 1 and r_max > 0 and beta > r_max:
             bad.append(f"layer {lp.layer}: beta {beta} > max tokens per replica {r_max} (12e)")
@@ -303,6 +328,8 @@ def evaluate(problem: PlanningProblem, plan: DeploymentPlan) -> Estimate:
         compute_usd=float(parts[0]),
         request_usd=float(parts[1]),
         storage_usd=float(parts[2]),
+        transfer_usd=float(parts[3]),
+        poll_usd=float(parts[4]),
         segment_cost_usd=segment_cost(problem),
         layers=layers,
         feasible=not bad,
@@ -311,9 +338,10 @@ def evaluate(problem: PlanningProblem, plan: DeploymentPlan) -> Estimate:
 
 
 def segment_cost(problem: PlanningProblem) -> float:
-    """USD of the non-MoE segment functions (one invocation per block per batch)."""
+    """USD of the non-MoE segment functions (one invocation per block per batch, with its
+    parameter GETs; their activation transfers are in ``Estimate.transfer_usd``)."""
     rates = Rates.of(problem)
     p = price_per_s(problem, problem.segment_memory_mb)
-    return float(
-        sum(p * billed_s(t, rates) + rates.per_request for t in problem.segment_time_s)
-    )
+    gets = 0 if rates.warm_instances else PARAM_GETS  # cold: skeleton + the block's weights
+    return float(sum(p * billed_s(t, rates) + rates.per_request + gets * rates.per_get
+                     for t in problem.segment_time_s))

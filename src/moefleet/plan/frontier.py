@@ -39,6 +39,7 @@ from moefleet.plan.costmodel import (
     replica_time,
 )
 from moefleet.plan.problem import MB, PlanningProblem
+from moefleet.plan.transfers import layer_transfer_usd
 
 EXACT_LIMIT = 64  # enumerate every β / ρ when there are at most this many
 GRID = 24  # otherwise this many grid values
@@ -204,12 +205,14 @@ def _pareto(lat: np.ndarray, cost: np.ndarray) -> np.ndarray:
 def layer_frontier(
     tab: LayerTables, method: int, exact_limit: int = EXACT_LIMIT, grid: int = GRID
 ) -> Frontier:
-    """The (latency, cost) frontier of the layer of ``tab`` under ``method``."""
+    """The (latency, cost) frontier of the layer of ``tab`` under ``method``; costs include
+    the layer's segment/coordinator requests under the method (a constant, transfers)."""
+    moved = layer_transfer_usd(tab.p, tab.li, method, tab.rates.per_put, tab.rates.per_get)
     if not tab.active.any():
         one = np.ones(1)
         if memory_need_bytes(tab.p, tab.li, 0) > tab.mem[-1] * MB:  # not even deployable
             return Frontier(method, *(np.zeros(0),) * 4, True)
-        return Frontier(method, one * tab.empty_latency(method), np.zeros(1), np.zeros(1),
+        return Frontier(method, one * tab.empty_latency(method), one * moved, np.zeros(1),
                         one, True)
     exact = True
     cells = tab.r_UG.size * len(tab.mem)
@@ -236,7 +239,7 @@ def layer_frontier(
     variant = var[vi] if len(vi) else np.zeros(0)
     lat = tab.latency(method, tau, variant.astype(float))
     keep = _pareto(lat, cost) if len(lat) else np.zeros(0, dtype=np.int64)
-    return Frontier(method, lat[keep], cost[keep], tau[keep], variant[keep], exact)
+    return Frontier(method, lat[keep], cost[keep] + moved, tau[keep], variant[keep], exact)
 
 
 def choose_experts(

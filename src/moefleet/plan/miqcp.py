@@ -33,10 +33,11 @@ import numpy as np
 
 from moefleet.errors import MissingExtraError
 from moefleet.plan.base import METHODS, Frontiers, LayerChoice, Planner, build_plan
-from moefleet.plan.costmodel import Rates
+from moefleet.plan.costmodel import PARAM_GETS, Rates
 from moefleet.plan.frontier import ExpertChoice, LayerTables, choose_experts
 from moefleet.plan.plan import DeploymentPlan
 from moefleet.plan.problem import InfeasibleError, PlanningProblem
+from moefleet.plan.transfers import layer_transfer_usd
 
 
 class _Model:
@@ -123,8 +124,8 @@ def solve_miqcp(
     t0 = time.perf_counter()
     mdl = _Model(solver, time_limit_s, seed)
     rates = Rates.of(problem)
-    # a=1's parameter GET (requests_per_replica); none when instances hold their weights.
-    param_get = 0.0 if rates.warm_instances else rates.per_get
+    # a=1's parameter GETs (requests_per_replica); none when instances hold their weights.
+    param_get = 0.0 if rates.warm_instances else PARAM_GETS * rates.per_get
     cost_terms: list[Any] = []
     lat_terms: list[Any] = []
     layer_vars: list[dict[str, Any]] = []
@@ -133,6 +134,8 @@ def solve_miqcp(
         m = {a: mdl.var("B") for a in methods}
         mdl.cons(sum(m.values()) == 1)
         info: dict[str, Any] = {"m": m, "q": {}, "beta": None, "tab": tab}
+        cost_terms += [layer_transfer_usd(problem, li, a, rates.per_put, rates.per_get) * m[a]
+                       for a in methods]  # the segments' requests (frontier does the same)
         if not tab.active.any():
             lat_terms += [tab.empty_latency(a) * m[a] for a in methods]
             layer_vars.append(info)

@@ -89,6 +89,9 @@ class PlanningProblem:
     # strictest backend (0: derive it from the platform's limit, platform.inline).
     inline_limit_bytes: int = 0
     storage_requests: bool = True  # bill object-store PUT/GET (our addition, see costmodel)
+    # B·T positions the batch's non-MoE segments compute, padding included (0: tokens);
+    # known when a batch is formed (request lengths), sizes the activations (transfers).
+    positions: int = 0
     # Steady-state serving: instances already hold their parameters (see load_s, costmodel).
     warm_instances: bool = False
     # U at memory sizes outside the candidates (e.g. LambdaML's 3008 MB), per MoE layer.
@@ -161,6 +164,9 @@ class PlanningProblem:
             raise DataError(f"segment times need {self.num_blocks} finite values >= 0")
         if len(self.segment_param_bytes) != self.num_blocks:
             raise DataError(f"segment_param_bytes needs {self.num_blocks} values")
+        if self.positions and self.positions < self.tokens:
+            raise DataError(f"positions ({self.positions}) must be >= tokens ({self.tokens})",
+                            "count padding positions too (B x T), or pass 0")
         if self.max_replicas < 1 or self.tokens < 1:
             raise DataError(
                 f"max_replicas ({self.max_replicas}) and tokens ({self.tokens}) must be >= 1"

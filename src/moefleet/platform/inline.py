@@ -32,3 +32,26 @@ def direct_tokens_fit(tokens: int, bytes_in: int, bytes_out: int, inline_bytes: 
     """Whether a direct replica of ``tokens`` tokens sends and returns inline."""
     per = max(bytes_in + GATE_WEIGHT_BYTES, bytes_out)
     return tokens * per + PACKET_ENVELOPE_BYTES <= inline_bytes
+
+
+# -- spilling: which tensors of a packet travel through the object store -----------------
+SPILL_HEADER_BYTES = 4096  # kept free for the safetensors header when a packet spills
+
+
+def spill_budget(max_bytes: int, meta_json_bytes: int) -> int:
+    """Tensor bytes a packet may carry inline under ``max_bytes`` with its JSON metadata."""
+    return max_bytes - SPILL_HEADER_BYTES - meta_json_bytes
+
+
+def spill_names(sizes: list[tuple[str, int]], budget: int) -> list[str]:
+    """The tensors a packet moves to the store, in order: the largest first (ties keep the
+    packet's order) until the rest fits ``budget``. One rule for the runtime
+    (``payload.pack_spilling``, one PUT each) and the cost model (``plan.transfers``)."""
+    total = sum(n for _, n in sizes)
+    out: list[str] = []
+    for name, n in sorted(sizes, key=lambda s: s[1], reverse=True):
+        if total <= budget:
+            break
+        out.append(name)
+        total -= n
+    return out

@@ -30,7 +30,7 @@ def demo_table(report: dict[str, Any]) -> Table:
                     f"{report['workload']['tokens']:,} tokens of {report['workload']['dataset']}"
                     f", SLO {report['slo_s']:.2f} s")
     for col in ("plan", "MoE $ model", "×oracle", "lat. s", "SLO", "MoE $ run",
-                "tok/s run"):
+                "run/model", "tok/s run"):
         t.add_column(col, justify="right" if col != "plan" else "left")
     for key, row in _rows(report):
         cost = row["moe_prorated_usd"] if key == "cpu_cluster" else row["cost_usd"]
@@ -39,6 +39,7 @@ def demo_table(report: dict[str, Any]) -> Table:
         t.add_row(LABELS[key], f"{cost:.3e}", f"{cost / oracle:.2f}", f"{row['latency_s']:.2f}",
                   "yes" if row["slo_met"] else "NO",
                   f"{m['moe_cost_usd']:.3e}" if ran else ("failed" if m else "-"),
+                  f"{m['moe_cost_usd'] / cost:.2f}" if ran else "-",
                   f"{m['throughput_tokens_per_s']:.0f}" if ran else "-")
     return t
 

@@ -26,8 +26,9 @@ where one is set, its endpoint as ``AWS_ENDPOINT_URL``: they live in the same cl
 Errors (both invokers): ``Unhandled`` -> :class:`HandlerError`; ``Sandbox.Timedout`` ->
 :class:`InvocationTimeoutError`; ``Runtime.ExitError`` (the process died) and
 throttling/service errors are retried with backoff, then :class:`FunctionCrashedError` /
-:class:`ThrottledError` naming the function. ``teardown`` deletes every function this
-backend deployed (created or updated).
+:class:`ThrottledError` naming the function. Failed attempts are billed as Lambda bills
+them: a crash up to the crash (conservatively: the attempt's wall time), a timeout for its
+whole Lambda ``Timeout``. ``teardown`` deletes every function deployed (or updated).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import math
 import os
 import re
 import threading
+import time
 import uuid
 from dataclasses import replace
 from typing import Any, Literal
@@ -61,6 +63,7 @@ from moefleet.runtime.base import (
     FunctionSpec,
     InvokeResult,
     check_payload,
+    failed_record,
     payload_limit,
     validate_spec,
 )
@@ -97,8 +100,8 @@ class AwsBackend(FunctionBackend):
     image. ``role_arn`` is the execution role (env ``MOEFLEET_AWS_ROLE_ARN``).
     ``endpoint_url`` points boto3 at another endpoint (moto; default: boto3's own choice,
     e.g. ``AWS_ENDPOINT_URL``). ``invoker``: see the module docstring (env
-    ``MOEFLEET_AWS_INVOKER``). ``session`` is a ready
-    ``boto3.Session`` (credentials); ``layers`` are layer ARNs for zip functions."""
+    ``MOEFLEET_AWS_INVOKER``). ``session`` is a ready ``boto3.Session`` (credentials);
+    ``layers`` are layer ARNs for zip functions."""
 
     name = "aws"
 
@@ -298,14 +301,30 @@ class AwsBackend(FunctionBackend):
                                   "raise the account's concurrency, or retry later")
 
         return call_with_retries(
-            lambda: self._result(name, spec, payload, request_id,
-                                 self._send(name, fn, event, spec)), Retry,
+            lambda: self._attempt(name, fn, event, spec, payload, request_id), Retry,
             max_retries=self.max_retries, backoff_s=self.retry_backoff_s,
             on_retry=self._count_retry, on_failure=failed, exhausted=gave_up)
 
     def _count_retry(self) -> None:
         with self._lock:
             self._counters["retries"] += 1
+
+    def _attempt(self, name: str, fn: str, event: bytes, spec: FunctionSpec, payload: bytes,
+                 request_id: str | None) -> InvokeResult:
+        """One attempt; a crashed or timed-out one is billed (see the module docstring)."""
+        start = time.time()
+        try:
+            return self._result(name, spec, payload, request_id, self._send(name, fn, event, spec))
+        except (Retry, InvocationTimeoutError) as err:
+            if not isinstance(err, Retry) or err.crashed:
+                lambda_timeout_s = max(1, math.ceil(spec.timeout_s))  # whole seconds
+                end = time.time() if isinstance(err, Retry) else start + lambda_timeout_s
+                with self._lock:
+                    self._records.append(failed_record(spec, start, end, request_id, len(payload)))
+            raise
+
+    def worker_pids(self) -> list[int]:  # in-process invoker: environments now invoking
+        return self._sandbox.busy_pids() if self._sandbox is not None else []
 
     def _send(self, name: str, fn: str, event: bytes, spec: FunctionSpec) -> dict[str, Any]:
         """One attempt: a boto3-shaped ``invoke`` response with ``Payload`` as bytes."""
@@ -337,8 +356,7 @@ class AwsBackend(FunctionBackend):
             function=name, kind=spec.kind, memory_mb=spec.memory_mb, start_s=start,
             end_s=start + run_s, layer=spec.layer, expert=spec.expert, request_id=request_id,
             vcpus=spec.vcpus, init_s=init_s, cold=bool(reply["cold"]), bytes_in=len(payload),
-            bytes_out=len(out), storage_puts=int(reply["puts"]),
-            storage_gets=int(reply["gets"]))
+            bytes_out=len(out), storage_puts=int(reply["puts"]), storage_gets=int(reply["gets"]))
         with self._lock:
             self._records.append(record)
             self._counters["cold_starts"] += int(record.cold)

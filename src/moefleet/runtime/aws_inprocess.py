@@ -219,6 +219,11 @@ class InProcessInvoker:
                 fn.envs.remove(env)
             _kill(env)
 
+    def busy_pids(self) -> list[int]:
+        """Environments in the middle of an invocation (what a crash can hit)."""
+        with self._cond:
+            return [e.pid for fn in self._functions.values() for e in fn.envs if e.busy]
+
     # -- invoke -------------------------------------------------------------------------
     def invoke(self, function: str, event: bytes, wait_s: float) -> dict[str, Any]:
         """One synchronous invoke; returns a boto3-shaped response (``Payload`` as bytes)."""

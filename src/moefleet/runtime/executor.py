@@ -17,7 +17,9 @@ function): it never holds weights. Per MoE layer with method
   uploading, and each replica waits for its next minibatch (polling GETs, billed).
 Replicas split an expert's tokens in chunks of ceil(d/g) (:func:`scatter.assign`). Tensors
 between the executor and segments travel inline, or through the store when they would
-exceed the payload limit. Invariant (tested): outputs equal ``adapter.reference_forward``
+exceed the payload limit. Padding positions never reach an expert (the gate marks their
+slots -1; their MoE output is 0). Invariant (tested): outputs at real tokens equal
+``adapter.reference_forward``
 (same routing) to 1e-4 in fp32, for every method.
 
 Timings per MoE layer: ``scatter_s`` (uploads inside seg-l pre), ``experts_s`` (wall time
@@ -37,11 +39,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from moefleet.platform import InvocationRecord, ObjectStore, PlatformSpec
+from moefleet.platform import InvocationRecord, ObjectStore, PlatformSpec, polling
 from moefleet.runtime import scatter
 from moefleet.runtime.base import FunctionBackend, InvokeResult
 from moefleet.runtime.deploy import Deployment
 from moefleet.runtime.errors import FunctionError, GatherError, PayloadTooLargeError
+from moefleet.runtime.handlers import skipped_NK
 from moefleet.runtime.payload import Packet, pack, pack_spilling, resolve, unpack
 from moefleet.runtime.stores import CountingStore, RetryingStore
 
@@ -279,7 +282,8 @@ class Executor:
             return packet.tensors["y"]
 
         parts = list(zip(shares, self._pool.map(one, jobs), strict=True))
-        return scatter.gather(layer, x_ND.shape[0], w_NK.shape[1], parts, x_ND)
+        return scatter.gather(layer, x_ND.shape[0], w_NK.shape[1], parts, x_ND,
+                              skipped_NK(pre.tensors["ids_NK"]))
 
     def _indirect(self, layer: int, method: str, beta: int, shares: list[scatter.Share],
                   rids: list[str], T: int, prefix: str, att: list[Attribution]) -> None:
@@ -305,8 +309,8 @@ class Executor:
     def _wait_route(self, prefix: str, layer: int, gate: Any) -> torch.Tensor:
         """``ids_NK`` of a pipelined layer once its gate has published it (module doc)."""
         assert self.store is not None  # pipelined layers need a store (checked in __init__)
-        key, delay = scatter.route_key(prefix, layer), 0.002
-        while True:
+        key = scatter.route_key(prefix, layer)
+        for delay in polling.delays(*polling.ROUTE_POLL):  # each ask is billed (costmodel)
             if self.store.exists(key):
                 return unpack(self.store.get(key)).tensors["ids_NK"]
             if gate.done():
@@ -314,7 +318,7 @@ class Executor:
                 raise FunctionError(f"layer {layer}: the gate returned without publishing "
                                     "its routing", "redeploy: the segment code is stale")
             time.sleep(delay)
-            delay = min(2 * delay, 0.02)
+        raise AssertionError("unreachable: delays() never ends")
 
     def _cleanup(self, prefix: str) -> None:
         if self.store is None:

@@ -14,6 +14,15 @@ seeded fraction ``rate`` of invocations, injects one fault of a :class:`FaultPla
                (emulated slow start: added latency; the delay is outside the handler, so
                it is not billed — a real slow instance would also bill it).
 
+:class:`FaultyExperts` wraps an in-process ``ExpertFn`` (the engine's expert seam) and,
+for a seeded fraction of expert calls, injects ``crash`` (the call raises
+``FunctionCrashedError``, as a remote expert function whose instance died), ``timeout``
+(sleeps ``timeout_s``, then raises ``InvocationTimeoutError``), ``throttle``
+(``InjectedThrottle`` with retry-after), ``straggler`` (sleeps ``straggle_s``, then
+answers), ``stall`` (sleeps ``stall_s``: a call that hangs far past any SLO) or
+``error`` (a ``RuntimeError``: a handler bug, which no policy retries). All of them are
+emulated: the experts run in process and the wrapper stands in for the remote call.
+
 :class:`FaultyStore` wraps an :class:`~moefleet.platform.ObjectStore`: ``store-503``
 raises :class:`StoreUnavailableError` (S3 503 SlowDown) and ``store-drop`` a
 ``ConnectionResetError`` before the operation reaches the store, at rate ``rate``.
@@ -42,13 +51,18 @@ from typing import Any
 from moefleet.errors import MoefleetError
 from moefleet.platform import InvocationRecord, ObjectStore, StorageError
 from moefleet.runtime.base import FunctionBackend, FunctionSpec, InvokeResult, failed_record
-from moefleet.runtime.errors import InvocationTimeoutError, ThrottledError
+from moefleet.runtime.errors import (
+    FunctionCrashedError,
+    InvocationTimeoutError,
+    ThrottledError,
+)
 from moefleet.runtime.retry import POLICIES, RetryPolicy, retry_call
 
 BACKEND_FAULTS = ("crash", "timeout", "throttle", "straggler")
 STORE_FAULTS = ("store-503", "store-drop")
+EXPERT_FAULTS = ("crash", "timeout", "throttle", "straggler", "stall", "error")
 FAULT_KINDS = BACKEND_FAULTS + STORE_FAULTS
-EMULATED = {"timeout", "throttle", "straggler"}
+EMULATED = {"timeout", "throttle", "straggler", "stall", "error"}
 
 
 class StoreUnavailableError(StorageError):
@@ -77,11 +91,13 @@ class FaultPlan:
     retry_after_s: float = 0.05
     timeout_s: float = 0.2
     crash_after_s: float = 0.005
+    stall_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.kind not in FAULT_KINDS and self.kind != "none":
+        kinds = sorted(set(FAULT_KINDS + EXPERT_FAULTS))
+        if self.kind not in kinds and self.kind != "none":
             raise MoefleetError(f"unknown fault kind {self.kind!r}",
-                                f"use one of: {', '.join(FAULT_KINDS)}")
+                                f"use one of: {', '.join(kinds)}")
         if not 0.0 <= self.rate <= 1.0:
             raise MoefleetError(f"fault rate must be in [0, 1], got {self.rate}")
 
@@ -181,6 +197,64 @@ class FaultyBackend(FunctionBackend):
             pid = self._rng.choice(pids)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+class FaultyExperts:
+    """An ``ExpertFn`` that injects ``plan``'s fault into a seeded fraction of calls to
+    ``inner`` (see the module docstring); thread-safe, counts what it injected."""
+
+    def __init__(self, inner: Any, plan: FaultPlan) -> None:
+        if plan.kind not in EXPERT_FAULTS and plan.kind != "none":
+            raise MoefleetError(f"fault kind {plan.kind!r} cannot be injected at the expert "
+                                "seam", f"use one of: {', '.join(EXPERT_FAULTS)}")
+        self.inner, self.plan = inner, plan
+        self._dice = _Dice(plan.rate if plan.kind != "none" else 0.0, plan.seed + 13)
+        self.calls = 0
+
+    @property
+    def injected(self) -> int:
+        return self._dice.injected
+
+    def __call__(self, layer: int, x_ND: Any, ids_NK: Any, w_NK: Any) -> Any:
+        self.calls += 1
+        if self._dice.roll():
+            kind, p = self.plan.kind, self.plan
+            where = f"experts of layer {layer}"
+            if kind == "crash":
+                raise FunctionCrashedError(f"{where}: function crashed (injected)")
+            if kind == "timeout":
+                time.sleep(p.timeout_s)
+                raise InvocationTimeoutError(f"{where}: timed out (injected)")
+            if kind == "throttle":
+                raise InjectedThrottle(where, p.retry_after_s)
+            if kind == "error":
+                raise RuntimeError(f"{where}: handler error (injected)")
+            time.sleep(p.straggle_s if kind == "straggler" else p.stall_s)
+        return self.inner(layer, x_ND, ids_NK, w_NK)
+
+
+def parse_fault(text: str) -> FaultPlan:
+    """``KIND:RATE[:SEED[:SECONDS]]`` (e.g. ``crash:0.05``) -> a plan for
+    :class:`FaultyExperts`; SECONDS sets how long a timeout, straggler or stall waits."""
+    parts = text.split(":")
+    if not 2 <= len(parts) <= 4 or parts[0] not in EXPERT_FAULTS:
+        raise MoefleetError(f"bad fault spec {text!r}",
+                            f"use KIND:RATE[:SEED[:SECONDS]] with KIND one of "
+                            f"{', '.join(EXPERT_FAULTS)}, e.g. crash:0.05")
+    try:
+        rate = float(parts[1])
+        seed = int(parts[2]) if len(parts) >= 3 else 0
+        secs = float(parts[3]) if len(parts) == 4 else None
+    except ValueError:
+        raise MoefleetError(f"bad fault spec {text!r}: rate and seconds must be numbers, "
+                            "seed an integer", "e.g. stall:0.01:1:5") from None
+    if not 0.0 <= rate <= 1.0:  # also refuses nan
+        raise MoefleetError(f"fault rate must be in [0, 1], got {parts[1]!r}", "e.g. 0.05")
+    if secs is None:
+        return FaultPlan(parts[0], rate, seed=seed)
+    if not 0.0 <= secs <= 3600.0:
+        raise MoefleetError(f"fault seconds must be in [0, 3600], got {parts[3]!r}", "e.g. 5")
+    return FaultPlan(parts[0], rate, seed=seed, timeout_s=secs, straggle_s=secs, stall_s=secs)
 
 
 class FaultyStore(ObjectStore):

@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from moefleet.models.base import ForwardContext
-from moefleet.platform import ObjectNotFoundError, ObjectStore
+from moefleet.platform import ObjectNotFoundError, ObjectStore, polling
 from moefleet.runtime import scatter, transfer, weights
 from moefleet.runtime.base import HandlerRef
 from moefleet.runtime.errors import FunctionError, PayloadError
@@ -162,6 +163,11 @@ class _Segment:
             return
         x_ND = x_BTD.reshape(-1, x_BTD.shape[-1])
         ids_NK, w_NK = a.route(self.block, x_ND)
+        if fctx.attention_mask_BT is not None:
+            # Padding never reaches an expert (nor is billed): its slots become -1, which
+            # scatter.assign leaves out and scatter.gather sums as 0.
+            pad_N = fctx.attention_mask_BT.reshape(-1) == 0
+            ids_NK = ids_NK.masked_fill(pad_N[:, None], -1)
         out.update(residual_BTD=residual_BTD, x_BTD=x_BTD, ids_NK=ids_NK, w_NK=w_NK)
         if meta.get("scatter"):
             t0 = time.perf_counter()
@@ -204,7 +210,14 @@ class _Segment:
         parts = transfer.download_parts(store, shares, keys)
         info["gathered"] = [[s.label, s.size] for s in shares]
         x_ND = x_BTD.reshape(-1, x_BTD.shape[-1])
-        return scatter.gather(self.block, ids_NK.shape[0], ids_NK.shape[1], parts, x_ND)
+        return scatter.gather(self.block, ids_NK.shape[0], ids_NK.shape[1], parts, x_ND,
+                              skipped_NK(ids_NK))
+
+
+def skipped_NK(ids_NK: torch.Tensor) -> np.ndarray | None:
+    """Padding slots (-1, set by the gate) for :func:`scatter.gather`, or None."""
+    skip = ids_NK.detach().numpy() == -1
+    return skip if skip.any() else None
 
 
 def segment_handler(config: dict[str, Any], init: InitContext) -> Handler:
@@ -296,8 +309,8 @@ def _wait_get(store: ObjectStore, key: str, function: str,
     """GET ``key``, waiting (polling, backing off to 50 ms) while the gate, which runs
     concurrently under the pipelined method, has not uploaded it yet; every poll is a
     billed GET, as on S3."""
-    deadline, delay = time.monotonic() + timeout_s, 0.002
-    while True:
+    deadline = time.monotonic() + timeout_s
+    for delay in polling.delays(*polling.MINIBATCH_POLL):  # the cost model counts these
         try:
             return store.get(key)
         except ObjectNotFoundError:
@@ -306,7 +319,7 @@ def _wait_get(store: ObjectStore, key: str, function: str,
                     f"{function}: minibatch {key!r} did not appear within {timeout_s:g} s",
                     "the gate function failed or is too slow; see its error") from None
             time.sleep(delay)
-            delay = min(2 * delay, 0.05)
+    raise AssertionError("unreachable: delays() never ends")
 
 
 def expert_handler(config: dict[str, Any], init: InitContext) -> Handler:

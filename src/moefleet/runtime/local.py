@@ -20,7 +20,10 @@ What is **emulated** (one machine standing in for a FaaS fleet):
 - process start and ``import torch`` are paid once per worker (forkserver preload), not
   per instance: ``init_s`` is instance construction + weight download + load only;
 - the store is whatever ``store`` names (a local directory by default: far faster than S3;
-  pass ``store_latency=(latency_s, bytes_per_s)`` to emulate the platform's storage).
+  pass ``store_latency=(latency_s, bytes_per_s)`` to emulate the platform's storage);
+- ``wire="base64"`` gives packets the aws backend's inline budget (base64 inside a JSON
+  event, ``platform.inline``) instead of the raw payload limit, so tensors spill to the
+  store exactly where they would on Lambda (and where the cost model counts them).
 
 Memory (measured, benchmarks/runtime_overhead.py and the README's command): an idle
 worker is ~100 MB PSS (~285 MB RSS, most of it torch/transformers pages shared with the
@@ -40,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from moefleet.platform import InvocationRecord, ObjectStore, PlatformSpec, load_platform
+from moefleet.platform.inline import base64_inline_bytes
 from moefleet.runtime.base import (
     FunctionBackend,
     FunctionSpec,
@@ -55,6 +59,7 @@ from moefleet.runtime.base import (
 )
 from moefleet.runtime.errors import (
     BackendClosedError,
+    InvalidFunctionSpecError,
     ThrottledError,
     UnknownFunctionError,
 )
@@ -113,9 +118,14 @@ class LocalBackend(FunctionBackend):
         start_method: str = "forkserver",
         startup_timeout_s: float = 180.0,
         limits: bool | None = None,
+        wire: str = "raw",
     ) -> None:
         self.platform = load_platform(platform) if isinstance(platform, str) else platform
-        self._limit = payload_limit(self.platform)
+        if wire not in ("raw", "base64"):
+            raise InvalidFunctionSpecError(f"wire must be 'raw' or 'base64', got {wire!r}",
+                                           "base64 emulates the aws backend's envelope")
+        raw = payload_limit(self.platform)
+        self._limit = raw if wire == "raw" else base64_inline_bytes(raw)
         self.max_retries, self.retry_backoff_s = max_retries, retry_backoff_s
         self.admission_timeout_s, self.init_timeout_s = admission_timeout_s, init_timeout_s
         self.cores = os.cpu_count() or 1
@@ -144,6 +154,11 @@ class LocalBackend(FunctionBackend):
         self._housekeeper = threading.Thread(target=self._housekeep, daemon=True,
                                              name="moefleet-local-housekeeper")
         self._housekeeper.start()
+
+    @property
+    def max_inline_bytes(self) -> int:
+        """The packet budget: the raw payload limit, or the base64 one (``wire``)."""
+        return self._limit
 
     def _forget_slot(self, slot: int) -> None:
         # Called under self._cond when a worker dies: its instances (and weights) are gone.

@@ -25,10 +25,10 @@ from safetensors.torch import save as st_save
 
 from moefleet.models.base import ForwardContext
 from moefleet.platform import ObjectStore
+from moefleet.platform.inline import spill_budget, spill_names
 from moefleet.runtime.errors import PayloadError
 
 _KEY = "moefleet"
-_OVERHEAD = 4096  # bytes kept free for the safetensors header when spilling
 
 
 @dataclass
@@ -101,17 +101,13 @@ def pack_spilling(
     metadata alone exceeds it (then the caller's payload check reports it)."""
     inline = dict(tensors)
     all_refs = dict(refs or {})
-    budget = max_bytes - _OVERHEAD - len(json.dumps({"meta": dict(meta), "refs": all_refs}))
-    by_size = sorted(inline, key=lambda n: tensor_bytes(inline[n]), reverse=True)
-    total = sum(tensor_bytes(t) for t in inline.values())
-    for name in by_size:
-        if total <= budget:
-            break
-        if store is None:
-            break  # no store to spill to: the payload check will name the size
+    if store is None:  # no store to spill to: the payload check will name the size
+        return pack(inline, meta, all_refs)
+    budget = spill_budget(max_bytes, len(json.dumps({"meta": dict(meta), "refs": all_refs})))
+    for name in spill_names([(n, tensor_bytes(t)) for n, t in inline.items()], budget):
         key = f"{prefix}/{name}"
         store.put(key, pack({name: inline[name]}))
-        total -= tensor_bytes(inline.pop(name))
+        del inline[name]
         all_refs[name] = key
     return pack(inline, meta, all_refs)
 

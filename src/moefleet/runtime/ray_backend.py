@@ -53,6 +53,7 @@ from moefleet.runtime.base import (
     InvokeResult,
     check_payload,
     crashed_error,
+    failed_record,
     payload_limit,
     reply_handler_error,
     reply_record,
@@ -176,6 +177,7 @@ class RayBackend(FunctionBackend):
         self._closed = False
         self._functions: dict[str, _Function] = {}
         self._records: list[InvocationRecord] = []
+        self._pids: set[int] = set()
         self._generations = itertools.count(1)
         self._counters = {"retries": 0, "timeouts": 0, "cold_starts": 0}
 
@@ -289,13 +291,16 @@ class RayBackend(FunctionBackend):
         # The replica enforces the handler's timeout itself; this bound only guarantees
         # that no call waits forever (queueing, replica start, a lost reply).
         bound = spec.timeout_s + self.init_timeout_s + self.admission_timeout_s
+        start = time.time()
         response = fn.handle.remote(json.dumps(header), payload)
         try:
             raw, body = response.result(timeout_s=bound)
         except TimeoutError:  # GetTimeoutError is one
             response.cancel()
-            self._timed_out(spec)
+            self._timed_out(spec, start, request_id, len(payload))
         except (rex.RayActorError, rex.ActorUnavailableError):
+            # The replica died under the call: billed up to now (conservative), retried.
+            self._bill_failed(failed_record(spec, start, time.time(), request_id, len(payload)))
             raise _Lost() from None
         except rex.RayError as err:
             if self._closed:
@@ -309,7 +314,7 @@ class RayBackend(FunctionBackend):
             raise _Lost()
         if status == "timeout":
             self._kill(reply.get("actor"))
-            self._timed_out(spec)
+            self._timed_out(spec, start, request_id, len(payload))
         if status == "error":
             raise reply_handler_error(spec.name, reply)
         check_payload(spec.name, int(reply.get("nbytes", len(body))), self._limit, "response")
@@ -318,11 +323,38 @@ class RayBackend(FunctionBackend):
         with self._lock:
             self._records.append(record)
             self._counters["cold_starts"] += int(record.cold)
+            if "pid" in reply:
+                self._pids.add(int(reply["pid"]))
         return InvokeResult(body, record)
 
-    def _timed_out(self, spec: FunctionSpec) -> None:
+    def worker_pids(self) -> list[int]:
+        """Replica processes seen answering calls that are still replicas (local node:
+        what a crash can kill). A pid whose process is gone, or now runs something else
+        (pids are reused), is dropped: only a live Serve replica of one of this backend's
+        applications (its title names the app) is ever named."""
+        mine = f"ServeReplica:{self._prefix}".encode()
+        with self._lock:
+            for pid in list(self._pids):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        alive = mine in f.read()
+                except OSError:
+                    alive = False
+                if not alive:
+                    self._pids.discard(pid)
+            return sorted(self._pids)
+
+    def _bill_failed(self, record: InvocationRecord) -> None:
+        with self._lock:
+            self._records.append(record)
+
+    def _timed_out(self, spec: FunctionSpec, start: float, request_id: str | None,
+                   nbytes: int) -> None:
+        """Billed for the whole timeout, as a FaaS platform bills a timed-out call."""
         with self._lock:
             self._counters["timeouts"] += 1
+            self._records.append(failed_record(spec, start, start + spec.timeout_s,
+                                               request_id, nbytes))
         raise timeout_error(spec.name, spec.timeout_s)
 
     @staticmethod

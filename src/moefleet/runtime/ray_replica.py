@@ -126,7 +126,7 @@ class FunctionReplica:
             self._init_lock = asyncio.Lock()
             self._reaper = asyncio.get_running_loop().create_task(self._reap())
         reply: dict[str, Any] = {"status": "ok", "cold": False, "init_s": 0.0,
-                                 "puts": 0, "gets": 0}
+                                 "puts": 0, "gets": 0, "pid": os.getpid()}
         self._in_flight += 1
         try:
             async with self._init_lock:

@@ -95,6 +95,9 @@ POLICIES: dict[str, RetryPolicy] = {
     "local": RetryPolicy(attempts=4, base_s=0.02, cap_s=0.5),
     "ray": RetryPolicy(attempts=4, base_s=0.05, cap_s=1.0),
     "aws": RetryPolicy(attempts=5, base_s=0.1, cap_s=2.0),
+    # The engine retries one expert call (a pure function: idempotent), briefly: every
+    # request of the step waits on it.
+    "engine": RetryPolicy(attempts=4, base_s=0.01, cap_s=0.2),
     "store": RetryPolicy(attempts=5, base_s=0.01, cap_s=0.5,
                          retry_on=("StoreUnavailableError", "ConnectionError",
                                    "TimeoutError")),

@@ -18,11 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from moefleet.platform import ObjectStore
+from moefleet.platform import ObjectStore, polling
 from moefleet.runtime import scatter
 from moefleet.runtime.payload import need, pack, unpack
 
-IO_THREADS = 8  # parallel object-store requests of one caller (S3 clients do the same)
+IO_THREADS = polling.STORE_IO_THREADS  # the cost model assumes the same (plan.transfers)
 
 
 def upload_jobs(prefix: str, method: str, beta: int, shares: list[scatter.Share],

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from moefleet.engine import Engine
 from moefleet.platform import load_platform
-from moefleet.serve.cost import InProcessPricer
+from moefleet.serve.cost import Biller, InProcessBiller, InProcessPricer
 from moefleet.serve.errors import ERROR_RESPONSES, HANDLERS, APIError, error_body
 from moefleet.serve.metrics import ServeMetrics
 from moefleet.serve.openai_api import router as openai_router
@@ -84,11 +84,18 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                max_waiting: int = DEFAULT_MAX_WAITING,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, platform: str = "aws-lambda",
                memory_mb: int = DEFAULT_MEMORY_MB, slo_ttft_s: float | None = None,
-               slo_tpot_s: float | None = None, default_max_tokens: int | None = None
+               slo_tpot_s: float | None = None, default_max_tokens: int | None = None,
+               biller: Biller | None = None, step_timeout_s: float | None = None
                ) -> FastAPI:
+    """``biller`` bills each request (default: the in-process estimate on ``platform`` at
+    ``memory_mb``; ``serve --plan`` passes an ``InvocationBiller``). ``step_timeout_s``:
+    the watchdog's limit on one engine step (None: no watchdog); past it ``/health`` and
+    the requests waiting on the step answer 503."""
     metrics = ServeMetrics(model_name)
-    pricer = InProcessPricer(load_platform(platform), memory_mb)
-    worker = EngineWorker(engine, metrics, pricer, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
+    if biller is None:
+        biller = InProcessBiller(InProcessPricer(load_platform(platform), memory_mb))
+    worker = EngineWorker(engine, metrics, biller, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s,
+                          step_timeout_s=step_timeout_s)
     adapter = getattr(engine.runner, "adapter", None)
     vocab = adapter.vocab_size if adapter is not None else 1 << 31
     state = ServeState(worker, metrics, model_name, engine.runner.max_model_len, vocab,
@@ -142,6 +149,10 @@ def _open_routes(app: FastAPI, state: ServeState) -> None:
         if not state.worker.alive:
             return JSONResponse(error_body(503, state.worker.error or "engine not running",
                                            code="engine_dead"), status_code=503)
+        try:
+            state.check_stalled()
+        except APIError as err:
+            return JSONResponse(error_body(503, err.message, code=err.code), status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics", response_class=Response,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moefleet.errors import MoefleetError
+from moefleet.metric_names import COST_PARTS, named_figures
 from moefleet.workloads import Arrival
 
 MAX_REQUESTS = 100_000
@@ -59,6 +60,7 @@ class RequestRecord:
     output_tokens: int = 0
     prompt_tokens: int = 0
     cost_usd: float = 0.0
+    cost_parts: dict[str, float] = field(default_factory=dict)  # compute/requests/storage
 
     @property
     def ttft_s(self) -> float | None:
@@ -97,6 +99,11 @@ def summarize(records: list[RequestRecord], wall_s: float, cfg: BenchConfig) -> 
     meets = [_meets(r, cfg) for r in ok]
     good = sum(a and b for a, b in meets)
     out_tokens = sum(r.output_tokens for r in ok)
+    ttft = _pcts([r.ttft_s for r in ok if r.ttft_s is not None])
+    tpot = _pcts([r.tpot_s for r in ok if r.tpot_s is not None])
+    e2e = _pcts([r.e2e_s for r in ok if r.e2e_s is not None])
+    violations = {"ttft": sum(not a for a, _ in meets), "tpot": sum(not b for _, b in meets)}
+    prompt_tokens = sum(r.prompt_tokens for r in ok)
     return {
         "requests": len(records), "completed": len(ok), "failed": len(records) - len(ok),
         "wall_s": wall_s,
@@ -105,15 +112,19 @@ def summarize(records: list[RequestRecord], wall_s: float, cfg: BenchConfig) -> 
         "goodput_rps": good / wall_s if wall_s > 0 else 0.0,
         "slo": {"ttft_s": cfg.slo_ttft_s, "tpot_s": cfg.slo_tpot_s},
         "slo_violation_rate": 1 - good / len(ok) if ok else None,
-        "slo_violations": {"ttft": sum(not a for a, _ in meets),
-                           "tpot": sum(not b for _, b in meets)},
-        "ttft_s": _pcts([r.ttft_s for r in ok if r.ttft_s is not None]),
-        "tpot_s": _pcts([r.tpot_s for r in ok if r.tpot_s is not None]),
+        "slo_violations": violations,
+        "ttft_s": ttft, "tpot_s": tpot,
         "itl_s": _pcts([g for r in ok for g in r.itl_s]),
-        "e2e_s": _pcts([r.e2e_s for r in ok if r.e2e_s is not None]),
-        "prompt_tokens": sum(r.prompt_tokens for r in ok), "output_tokens": out_tokens,
+        "e2e_s": e2e,
+        "prompt_tokens": prompt_tokens, "output_tokens": out_tokens,
         "billed_cost_usd": sum(r.cost_usd for r in ok),
         "errors": sorted({r.error for r in records if r.error})[:10],
+        # the same figures under the server's metric names; a client cannot see the
+        # server's queue time, so that one is None
+        "named_metrics": named_figures(
+            ttft=ttft, tpot=tpot, e2e=e2e, queue=None, prompt_tokens=prompt_tokens,
+            generation_tokens=out_tokens, completed=len(ok), slo_violations=violations,
+            cost={p: sum(r.cost_parts.get(p, 0.0) for r in ok) for p in COST_PARTS}),
     }
 
 
@@ -145,7 +156,9 @@ async def _one(session: Any, cfg: BenchConfig, model: str, prompt: str, max_toke
                     u = ev["usage"]
                     rec.output_tokens = int(u.get("completion_tokens", 0))
                     rec.prompt_tokens = int(u.get("prompt_tokens", 0))
-                    rec.cost_usd = float((u.get("billed_cost") or {}).get("usd", 0.0))
+                    billed = u.get("billed_cost") or {}
+                    rec.cost_usd = float(billed.get("usd", 0.0))
+                    rec.cost_parts = {p: float(billed.get(p, 0.0)) for p in COST_PARTS}
         rec.done_s = time.perf_counter() - t0
         rec.ok = rec.error is None and bool(rec.chunk_s)
     except (TimeoutError, OSError, ValueError) as err:

@@ -1,8 +1,9 @@
 """Errors in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
 
-Every failure a client can cause maps to a 4xx here; 503 is reserved for load shedding and
-a dead engine. The ``type`` strings are the ones OpenAI's clients map to their exception
-classes.
+Every failure a client can cause maps to a 4xx here; 503 is reserved for load shedding, a
+dead engine and a stalled one; 500 means the request's model step failed for good (an
+expert call failed past its retries) while the server keeps serving.
+The ``type`` strings are the ones OpenAI's clients map to their exception classes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from moefleet.serve.protocol import ErrorResponse
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "invalid_request_error",
-          415: "invalid_request_error", 503: "service_unavailable"}
+          415: "invalid_request_error", 500: "server_error", 503: "service_unavailable"}
 
 #: Declared on every endpoint so the OpenAPI schema documents each status we can return.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -28,7 +29,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (400, "Invalid request (bad field, malformed JSON, wrong content type)"),
         (401, "Missing or wrong API key"), (404, "Unknown model"),
         (413, "Request body too large"),
-        (503, "Overloaded (see Retry-After) or engine not running")]}
+        (500, "The request's model step failed (an expert call failed past its retries)"),
+        (503, "Overloaded (see Retry-After), engine not running, or a step stalled")]}
 
 _TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 

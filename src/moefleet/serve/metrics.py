@@ -1,6 +1,6 @@
-"""Prometheus metrics of a serving engine. Names are defined here once (``moefleet:``
-prefix, following vLLM's ``vllm:``) so dashboards, the load generator and simulator
-results can share them.
+"""Prometheus metrics of a serving engine. Their names are defined once, in
+:mod:`moefleet.metric_names` (re-exported here), so dashboards, the load generator and
+simulator results share them.
 
 Each :class:`ServeMetrics` owns its own registry: two servers in one process (tests) do not
 collide. Counters only move forward; gauges are overwritten from the engine's state.
@@ -17,29 +17,42 @@ from prometheus_client import (
     generate_latest,
 )
 
+# The names live in a leaf module (the simulator and the load generator use them without
+# prometheus-client); re-exported here, where the metrics are.
+from moefleet.metric_names import (
+    BILLED_COST,
+    CONTROLLER_SETTING,
+    E2E,
+    EXPERT_RETRIES,
+    EXPERT_TOKENS,
+    GENERATION_TOKENS,
+    ITL,
+    KV_CACHE_USAGE,
+    MODEL_TOKENS,
+    PREEMPTIONS,
+    PREFIX,
+    PROMPT_TOKENS,
+    QUEUE,
+    REQUEST_SUCCESS,
+    REQUESTS_ABORTED,
+    REQUESTS_FAILED,
+    REQUESTS_REJECTED,
+    RUNNING,
+    SLO_PHASES,
+    SLO_VIOLATIONS,
+    TPOT,
+    TTFT,
+    WAITING,
+)
+
+__all__ = ["BILLED_COST", "CONTROLLER_SETTING", "E2E", "EXPERT_RETRIES", "EXPERT_TOKENS",
+           "GENERATION_TOKENS", "ITL", "KV_CACHE_USAGE", "MODEL_TOKENS", "PREEMPTIONS", "PREFIX",
+           "PROMPT_TOKENS", "QUEUE", "REQUESTS_ABORTED", "REQUESTS_FAILED", "REQUESTS_REJECTED",
+           "REQUEST_SUCCESS", "RUNNING",
+           "SLO_VIOLATIONS", "TPOT", "TTFT", "WAITING", "ServeMetrics"]
+
 # The *_created series double the output and no dashboard reads them (vLLM drops them too).
 disable_created_metrics()
-
-PREFIX = "moefleet:"
-TTFT = PREFIX + "time_to_first_token_seconds"
-ITL = PREFIX + "inter_token_latency_seconds"
-TPOT = PREFIX + "time_per_output_token_seconds"
-E2E = PREFIX + "e2e_request_latency_seconds"
-QUEUE = PREFIX + "request_queue_time_seconds"
-RUNNING = PREFIX + "num_requests_running"
-WAITING = PREFIX + "num_requests_waiting"
-PROMPT_TOKENS = PREFIX + "prompt_tokens_total"
-GENERATION_TOKENS = PREFIX + "generation_tokens_total"
-MODEL_TOKENS = PREFIX + "model_tokens_total"  # tokens through the model, recomputes included
-PREEMPTIONS = PREFIX + "num_preemptions_total"
-KV_CACHE_USAGE = PREFIX + "kv_cache_usage_perc"
-EXPERT_TOKENS = PREFIX + "expert_tokens_total"
-BILLED_COST = PREFIX + "billed_cost_usd_total"
-SLO_VIOLATIONS = PREFIX + "slo_violations_total"
-REQUEST_SUCCESS = PREFIX + "request_success_total"
-REQUESTS_ABORTED = PREFIX + "num_requests_aborted_total"
-REQUESTS_REJECTED = PREFIX + "num_requests_rejected_total"
-CONTROLLER_SETTING = PREFIX + "controller_setting"
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
                     0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -85,14 +98,18 @@ class ServeMetrics:
                                registry=r)
         self.rejected = Counter(REQUESTS_REJECTED, "Requests shed with 503 (queue full).", m,
                                 registry=r)
+        self.failed = Counter(REQUESTS_FAILED, "Requests ended by a failed model step "
+                              "(an expert call that failed for good).", m, registry=r)
+        self.expert_retries = Counter(EXPERT_RETRIES, "Expert calls retried after a "
+                                      "transient failure.", m, registry=r)
         self.controller = Gauge(CONTROLLER_SETTING, "Controller settings of this server.",
                                 [*m, "setting"], registry=r)
         # Every series present at 0 from the start, so rate() and tests see it move.
-        for phase in ("ttft", "tpot"):
+        for phase in SLO_PHASES:
             self.slo_violations.labels(model_name, phase)
         for metric in (self.running, self.waiting, self.kv_usage, self.prompt_tokens,
                        self.generation_tokens, self.model_tokens, self.preemptions,
-                       self.aborted, self.rejected):
+                       self.aborted, self.rejected, self.failed, self.expert_retries):
             metric.labels(model_name)
 
     def render(self) -> bytes:

@@ -72,7 +72,9 @@ def _usage(sub: Submitted, completion_tokens: int, costs: list[Any], n: int) -> 
     billed: dict[str, Any] = {"usd": 0.0, "compute": 0.0, "requests": 0.0, "storage": 0.0}
     for c in costs:
         for k, v in c.to_dict().items():
-            if isinstance(v, float) and k in billed:
+            if k == "invocations":  # records attributed to each choice (with --plan)
+                billed[k] = int(billed.get(k, 0)) + int(v)
+            elif isinstance(v, float) and k in billed:
                 billed[k] += v
             elif isinstance(v, str):
                 billed[k] = v
@@ -94,8 +96,13 @@ class _Logprobs:
     def add_prompt(self, d: Delta) -> None:
         strs = d.prompt_token_strs or []
         lps = d.out.prompt_logprobs or [None] * len(strs)
-        for s, lp in zip(strs, lps, strict=False):
-            self._add(s, lp, None if lp is None else {s: lp})
+        tops = d.prompt_top_strs or [None] * len(strs)
+        for s, lp, alt in zip(strs, lps, tops, strict=False):
+            top = None
+            if lp is not None:  # the n alternatives and the prompt token itself
+                top = dict(alt or {})
+                top.setdefault(s, lp)
+            self._add(s, lp, top)
 
     def add(self, d: Delta) -> None:
         for i, s in enumerate(d.token_strs):

@@ -14,6 +14,7 @@ from moefleet.serve.worker import EngineWorker
 
 DEFAULT_MAX_WAITING = 256
 DEFAULT_MAX_BODY_BYTES = 4 << 20
+STALL_POLL_S = 0.25
 
 
 @dataclass
@@ -37,6 +38,15 @@ class ServeState:
         if not self.worker.alive:
             raise APIError(503, self.worker.error or "engine is not running",
                            code="engine_dead")
+        self.check_stalled()
+
+    def check_stalled(self) -> None:
+        """503 while the running step is past the watchdog's step timeout."""
+        took = self.worker.stalled_s
+        if took is not None:
+            raise APIError(503, f"engine stalled: a model step has run {took:.1f} s (step "
+                           f"timeout {self.worker.step_timeout_s:g} s)",
+                           code="engine_stalled", headers={"Retry-After": "5"})
 
     def admit(self) -> None:
         """Shed load before it queues: 503 + Retry-After once the waiting queue is full."""
@@ -48,8 +58,20 @@ class ServeState:
                            headers={"Retry-After": "1"})
 
     async def call(self, fn: Callable[[Engine], Any]) -> Any:
+        """``fn(engine)`` in the engine thread. While it waits, a stalled step turns into
+        a 503 and the closure is cancelled (it will not run later behind the client's
+        back)."""
+        fut = self.worker.call(fn)
         try:
-            return await self.worker.call(fn)
+            while True:
+                done, _ = await asyncio.wait({fut}, timeout=STALL_POLL_S)
+                if done:
+                    return fut.result()
+                try:
+                    self.check_stalled()
+                except APIError:
+                    fut.cancel()
+                    raise
         except RuntimeError as err:
             if not self.worker.alive:
                 raise APIError(503, str(err), code="engine_dead") from err

@@ -119,7 +119,9 @@ def abort_soon(state: ServeState, rids: list[str]) -> None:
 async def deltas(state: ServeState, sub: Submitted, request: Request | None
                  ) -> AsyncIterator[Delta]:
     """Every delta of ``sub`` until all its choices finish. The client going away (checked
-    every ``DISCONNECT_POLL_S``) or this iterator closing early aborts what still runs."""
+    every ``DISCONNECT_POLL_S``) or this iterator closing early aborts what still runs.
+    A choice whose model step failed raises a 500, a stalled engine a 503 (the other
+    choices are aborted): a request in flight never hangs and never vanishes."""
     live = set(sub.rids)
     total = len(live)
     finished = 0
@@ -133,9 +135,14 @@ async def deltas(state: ServeState, sub: Submitted, request: Request | None
             try:
                 item = await asyncio.wait_for(sub.queue.get(), DISCONNECT_POLL_S)
             except TimeoutError:
+                state.check_stalled()
                 continue
             if isinstance(item, WorkerDied):
                 raise APIError(503, item.message, code="engine_dead")
+            if item.out.finish_reason == "error":
+                live.discard(item.out.request_id)
+                raise APIError(500, item.out.error or "model step failed",
+                               code="step_failed")
             if item.out.finished:
                 finished += 1
                 live.discard(item.out.request_id)

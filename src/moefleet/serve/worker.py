@@ -5,7 +5,11 @@ its tokenizer. HTTP handlers hand it work as closures (:meth:`EngineWorker.call`
 receive every streamed delta on a per-request ``asyncio.Queue``, filled with
 ``loop.call_soon_threadsafe``. Invariants: a request registered with a sink gets exactly
 one finished delta or one :class:`WorkerDied` item; an aborted request gets nothing more
-and its cache is freed at once.
+and its cache is freed at once. A request whose model step failed gets a finished delta
+with ``finish_reason="error"`` (the handlers turn it into an error response) while the
+engine keeps serving the rest. :attr:`EngineWorker.stalled_s` is how long the step now
+running has run once it is past ``step_timeout_s`` (the watchdog ``/health`` and the
+handlers read; an in-process step cannot be interrupted).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -21,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moefleet.engine import Engine, RequestOutput
-from moefleet.serve.cost import FUNCTION_MAIN, InProcessPricer, RequestCost
+from moefleet.serve.cost import Biller, ByFunction, RequestCost
 from moefleet.serve.metrics import ServeMetrics
 
 log = logging.getLogger(__name__)
@@ -36,7 +41,20 @@ class Delta:
     token_strs: list[str] = field(default_factory=list)
     top_strs: list[dict[str, float]] = field(default_factory=list)
     prompt_token_strs: list[str] | None = None
+    prompt_top_strs: list[dict[str, float] | None] | None = None
     cost: RequestCost | None = None
+
+
+def top_strs(tok: Any, top: dict[int, float]) -> dict[str, float]:
+    """Token id -> log-probability, keyed by decoded text instead. Two ids can decode to
+    the same text (partial UTF-8 bytes); the larger log-probability is kept, so the dict's
+    maximum stays the distribution's maximum (what greedy checks compare against)."""
+    out: dict[str, float] = {}
+    for k, v in top.items():
+        s = tok.decode([k])
+        if s not in out or v > out[s]:
+            out[s] = v
+    return out
 
 
 @dataclass
@@ -56,29 +74,41 @@ class _Sink:
 class EngineWorker(threading.Thread):
     """Drives one engine: runs closures between steps, steps while work is pending."""
 
-    def __init__(self, engine: Engine, metrics: ServeMetrics, pricer: InProcessPricer, *,
-                 slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> None:
+    def __init__(self, engine: Engine, metrics: ServeMetrics, biller: Biller, *,
+                 slo_ttft_s: float | None = None, slo_tpot_s: float | None = None,
+                 step_timeout_s: float | None = None) -> None:
         super().__init__(name="moefleet-engine", daemon=True)
         self.engine = engine
         self.metrics = metrics
-        self.pricer = pricer
+        self.biller = biller
         self.slo_ttft_s, self.slo_tpot_s = slo_ttft_s, slo_tpot_s
         self._cmds: queue.SimpleQueue[tuple[Callable[[Engine], Any], Future[Any]] | None] = (
             queue.SimpleQueue())
         self._sinks: dict[str, _Sink] = {}
-        self._busy_s: dict[str, float] = {}
         self._expert_seen: dict[int, list[int]] = {}
         self._preemptions = 0
+        self._retries = 0
         self.error: str | None = None
         self.pending = 0  # closures submitted and not yet run (read by the event loop)
         self._pending_lock = threading.Lock()
         self.num_waiting = 0  # engine's waiting queue, published after every step
         self._stopping = False
         self._lbl = metrics.model_name
+        self.step_timeout_s = step_timeout_s
+        self._step_started: float | None = None  # monotonic start of the running step
 
     @property
     def alive(self) -> bool:
         return self.error is None and self.is_alive()
+
+    @property
+    def stalled_s(self) -> float | None:
+        """Seconds the running step has taken, once past ``step_timeout_s``; else None."""
+        started, limit = self._step_started, self.step_timeout_s
+        if started is None or limit is None:
+            return None
+        took = time.monotonic() - started
+        return took if took > limit else None
 
     # -- called from other threads -----------------------------------------------------
     def call(self, fn: Callable[[Engine], Any]) -> asyncio.Future[Any]:
@@ -102,11 +132,11 @@ class EngineWorker(threading.Thread):
     def register(self, rid: str, sink_queue: asyncio.Queue[Any], loop: asyncio.AbstractEventLoop,
                  index: int, *, token_strs: bool = False, prompt_strs: bool = False) -> None:
         self._sinks[rid] = _Sink(loop, sink_queue, index, token_strs, prompt_strs)
-        self._busy_s[rid] = 0.0
+        self.biller.register(rid)
 
     def abort(self, rid: str) -> bool:
         self._sinks.pop(rid, None)
-        self._busy_s.pop(rid, None)
+        self.biller.forget(rid)
         aborted = self.engine.abort(rid)
         if aborted:
             self.metrics.aborted.labels(self._lbl).inc()
@@ -143,6 +173,8 @@ class EngineWorker(threading.Thread):
     def _run_cmd(self, fn: Callable[[Engine], Any], fut: Future[Any]) -> None:
         with self._pending_lock:  # += runs on the event loop's thread, -= on this one
             self.pending -= 1
+        if not fut.set_running_or_notify_cancel():
+            return  # its caller gave up waiting (a stalled step): do not act behind it
         try:
             fut.set_result(fn(self.engine))
         except Exception as err:
@@ -151,15 +183,19 @@ class EngineWorker(threading.Thread):
 
     def _step(self) -> None:
         eng = self.engine
-        outs = eng.step()
+        prev = eng.stats.steps[-1] if eng.stats.steps else None
+        self._step_started = time.monotonic()
+        try:
+            outs = eng.step()
+        finally:
+            self._step_started = None
         st = eng.stats.steps[-1] if eng.stats.steps else None
-        if st is not None:
+        # an empty schedule or a failed step records no step: nothing ran to bill
+        if st is not None and st is not prev:
             served = {o.request_id for o in outs} | {s.request_id
                                                      for s in eng.scheduler.running}
-            served &= self._busy_s.keys()
-            share = st.forward_s / len(served) if served else 0.0
-            for rid in served:
-                self._busy_s[rid] += share
+            # before delivery: a request finishing now is billed this step's invocations
+            self._bill(self.biller.step(served, st.forward_s))
             self.metrics.model_tokens.labels(self._lbl).inc(st.num_tokens)
         for o in outs:
             self._deliver(o)
@@ -176,22 +212,32 @@ class EngineWorker(threading.Thread):
         tok = self.engine.tokenizer
         if sink.token_strs and tok is not None:
             d.token_strs = [tok.decode([t]) for t in o.new_token_ids]
-            d.top_strs = [{tok.decode([k]): v for k, v in lp.top.items()}
-                          for lp in (o.logprobs or [])]
+            d.top_strs = [top_strs(tok, lp.top) for lp in (o.logprobs or [])]
         if sink.prompt_strs and o.prompt_token_ids is not None and tok is not None:
             d.prompt_token_strs = [tok.decode([t]) for t in o.prompt_token_ids]
+            if o.prompt_top_logprobs is not None:
+                d.prompt_top_strs = [None if t is None else top_strs(tok, t)
+                                     for t in o.prompt_top_logprobs]
         if o.finished:
             del self._sinks[o.request_id]
-            d.cost = self.pricer.price(self._busy_s.pop(o.request_id, 0.0))
-            self._finished(o, d.cost)
+            d.cost, billed = self.biller.finish(o.request_id)
+            self._bill(billed)  # a failed request too: its steps ran (a failed Lambda bills)
+            if o.finish_reason == "error":
+                m.failed.labels(lbl).inc()
+            else:
+                self._finished(o)
         sink.loop.call_soon_threadsafe(sink.queue.put_nowait, d)
 
-    def _finished(self, o: RequestOutput, cost: RequestCost) -> None:
+    def _bill(self, billed: ByFunction) -> None:
+        basis = self.biller.basis
+        for fn, c in billed.items():
+            for part, usd in (("compute", c.compute), ("requests", c.request),
+                              ("storage", c.storage)):
+                self.metrics.billed_cost.labels(self._lbl, fn, part, basis).inc(usd)
+
+    def _finished(self, o: RequestOutput) -> None:
         m, lbl = self.metrics, self._lbl
         m.success.labels(lbl, o.finish_reason or "stop").inc()
-        for part, usd in (("compute", cost.compute), ("requests", cost.request),
-                          ("storage", cost.storage)):
-            m.billed_cost.labels(lbl, FUNCTION_MAIN, part, cost.basis).inc(usd)
         t = o.times
         if t is None:
             return
@@ -225,6 +271,10 @@ class EngineWorker(threading.Thread):
         m.running.labels(lbl).set(eng.num_running)
         m.waiting.labels(lbl).set(eng.num_waiting)
         m.kv_usage.labels(lbl).set(eng.scheduler.cache_usage)
+        retries = int(getattr(getattr(eng.runner, "experts", None), "retries", 0))
+        if retries > self._retries:
+            m.expert_retries.labels(lbl).inc(retries - self._retries)
+            self._retries = retries
         pre = eng.scheduler.num_preemptions
         if pre > self._preemptions:
             m.preemptions.labels(lbl).inc(pre - self._preemptions)
@@ -240,7 +290,7 @@ class EngineWorker(threading.Thread):
                 item = self._cmds.get_nowait()
             except queue.Empty:
                 break
-            if item is not None:
+            if item is not None and item[1].set_running_or_notify_cancel():
                 item[1].set_exception(RuntimeError(self.error or "engine died"))
 
 

@@ -41,6 +41,7 @@ class SimRequest:
     done: simpy.Event
     first_token: float | None = None
     token_times: list[float] | None = None
+    scheduled: float | None = None  # first step that ran any of its tokens
 
 
 class SimEngine:
@@ -81,6 +82,10 @@ class SimEngine:
                 yield self._wake
                 continue
             out = sched.schedule()
+            for row in out.rows:
+                r = self._reqs[row.seq_id]
+                if r.scheduled is None:
+                    r.scheduled = self.env.now
             yield from self.run_pass(out)
             self.steps += 1
             now = self.env.now

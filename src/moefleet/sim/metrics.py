@@ -79,9 +79,12 @@ class RequestStats:
     latency: StreamStats = field(default_factory=StreamStats)
     ttft: StreamStats = field(default_factory=StreamStats)
     tpot: StreamStats = field(default_factory=StreamStats)
+    queue: StreamStats = field(default_factory=StreamStats)
     arrived: int = 0
     completed: int = 0
-    slo_violations: int = 0
+    slo_violations: int = 0  # requests over any SLO
+    slo_by_phase: dict[str, int] = field(default_factory=lambda: {"ttft": 0, "tpot": 0,
+                                                                  "e2e": 0})
     prompt_tokens: int = 0
     output_tokens: int = 0
 

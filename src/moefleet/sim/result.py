@@ -1,4 +1,6 @@
 """What a simulation run reports: cost, latency, throughput, SLO, cold starts, timeline.
+The serving figures are repeated under the server's metric names (``named_metrics``), so a
+simulated run and a served one (``bench serve``, ``/metrics``) share their keys.
 
 Costs come from the platform's prices applied per invocation exactly as ``Meter``
 does (with ``keep_records`` the records themselves are in ``bill``, a real ``Meter``
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moefleet.io import write_json_atomic
+from moefleet.metric_names import named_figures
 from moefleet.platform.billing import Bill, CostParts
 
 if TYPE_CHECKING:
@@ -57,6 +60,8 @@ class SimResult:
     wall_s: float
     timeline: list[dict[str, Any]]
     config: dict[str, Any] = field(default_factory=dict)
+    # the figures above again, under the server's metric names (moefleet.metric_names)
+    named_metrics: dict[str, Any] = field(default_factory=dict)
     bill: Bill | None = None
     request_log: list[dict[str, Any]] = field(default_factory=list)  # with keep_requests
 
@@ -96,6 +101,7 @@ class SimResult:
             "performance": {"events": self.events, "wall_s": self.wall_s,
                             "events_per_s": self.events_per_s},
             "config": self.config,
+            "named_metrics": self.named_metrics,
         }
         if timeline:
             out["timeline"] = self.timeline
@@ -175,4 +181,11 @@ def build_result(sim: Simulator, *, duration_s: float, events: int, wall_s: floa
                 "router": sim.router.describe(), "decoder": sim.shape.decoder},
         bill=bill,
         request_log=sim.request_log,
+        named_metrics=named_figures(
+            ttft=st.ttft.summary(), tpot=st.tpot.summary(), e2e=st.latency.summary(),
+            queue=st.queue.summary(), prompt_tokens=st.prompt_tokens,
+            generation_tokens=st.output_tokens, completed=st.completed,
+            slo_violations=dict(st.slo_by_phase),
+            cost={"compute": total.compute, "requests": total.request,
+                  "storage": total.storage}),
     )

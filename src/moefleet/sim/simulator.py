@@ -140,14 +140,16 @@ class Simulator:
         if out and cfg.decode == "batched":
             req = self._replica().add(a.request_id, prompt, out)
             yield req.done
-            assert req.first_token is not None
-            t_first = req.first_token
+            assert req.first_token is not None and req.scheduled is not None
+            t_first, queue = req.first_token, req.scheduled - t0
         else:
-            # no batching: the prefill pass yields the first token, then one pass each
+            # no batching: the prefill pass yields the first token, then one pass each;
+            # the request is scheduled on arrival (its waits are inside the functions)
             yield from self.pipe.run_pass(prompt, a.request_id)
-            t_first = env.now
+            t_first, queue = env.now, 0.0
             for _ in range(out - 1):
                 yield from self.pipe.run_pass(1, a.request_id)
+        self.stats.queue.add(queue)
         self._complete(env.now - t0, t_first - t0, out, prompt)
         if cfg.keep_requests:
             self.request_log.append({"request_id": a.request_id, "t_s": t0,
@@ -166,9 +168,12 @@ class Simulator:
         tpot = (latency - ttft) / (out - 1) if out > 1 else 0.0
         if out > 1:
             st.tpot.add(tpot)
-        bad = (cfg.slo_s is not None and latency > cfg.slo_s) or (
-            cfg.ttft_slo_s is not None and ttft > cfg.ttft_slo_s) or (
-            out > 0 and cfg.tpot_slo_s is not None and tpot > cfg.tpot_slo_s)
+        over = {"e2e": cfg.slo_s is not None and latency > cfg.slo_s,
+                "ttft": cfg.ttft_slo_s is not None and ttft > cfg.ttft_slo_s,
+                "tpot": out > 1 and cfg.tpot_slo_s is not None and tpot > cfg.tpot_slo_s}
+        for phase, hit in over.items():
+            st.slo_by_phase[phase] += int(hit)
+        bad = any(over.values())
         st.slo_violations += 1 if bad else 0
         iv = self.interval
         iv.completions += 1

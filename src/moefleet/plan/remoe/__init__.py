@@ -5,7 +5,10 @@
 - :mod:`.solve`: MMP (Alg. 2), utility selection, the Lagrangian memory subproblem
   (Theorem 2 checked), replicas (Theorem 4, eq. 15);
 - :mod:`.planner`: ``plan_policy(problem, "remoe"|"cpu"|"gpu"|"mix"|"fetch")``;
-- :mod:`.shapes`: model shapes and timing for building problems from a platform.
+- :mod:`.shapes`: model shapes and timing for building problems from a platform;
+- :mod:`.sensitivity`: which input, scaled by how much, reaches a cost ratio vs GPU-only.
+
+The simulator of these layouts is :mod:`moefleet.sim.remoe`.
 """
 
 from moefleet.plan.remoe.model import KINDS, Estimate, Layout, evaluate, lpt

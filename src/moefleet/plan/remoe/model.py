@@ -126,7 +126,7 @@ def remote_decode_s(p: RemoeProblem, share: np.ndarray, y_gb: np.ndarray) -> np.
     h = p.top_k * share
     q = np.where(share > 0, 1.0 - (1.0 - np.minimum(share, 1.0)) ** p.top_k, 0.0)
     wire = 2.0 * p.token_bytes / p.transfer_bytes_s
-    return h * (p.law.array(y_gb) + wire) + q * p.invoke_overhead_s
+    return h * (p.expert_s_array(y_gb) + wire) + q * p.invoke_overhead_s
 
 
 def prefill_layer(p: RemoeProblem, li: int, remote_E: np.ndarray, t_loc: float,
@@ -138,20 +138,38 @@ def prefill_layer(p: RemoeProblem, li: int, remote_E: np.ndarray, t_loc: float,
     loc = float(np.sum(n_E[~remote_E])) * t_loc
     if not remote_E.any():
         return loc, []
-    unit = p.law(y_gb) * p.prefill_factor + 2.0 * p.token_bytes / p.transfer_bytes_s
+    unit = p.expert_s(y_gb) * p.prefill_factor + 2.0 * p.token_bytes / p.transfer_bytes_s
     zt = [float(sum(n_E[k] for k in grp)) * unit + p.invoke_overhead_s for grp in groups]
     return max(loc, max(zt)), zt
 
 
-def evaluate(p: RemoeProblem, lay: Layout) -> Estimate:
-    """Eqs. 1-10 for one request under ``lay`` (see the module docstring)."""
-    L = p.num_layers
+@dataclass(frozen=True)
+class MainTimes:
+    """The main function's per-layer times under a layout (shared by :func:`evaluate`
+    and the simulator): non-experts per prefill (all prompt tokens) and per decode token,
+    the GPU<->CPU copies (2τ_sw) of each, a local expert's time per decode token and per
+    prompt token, the main's GPU GB and its price per second, and the cold-start loads."""
+
+    f_pre: float
+    f_dec: float
+    sw_pre: float
+    sw_dec: float
+    t_loc: float
+    t_loc_pre: float
+    gpu_gb: float
+    main_gb: float
+    rate_s: float  # c_g·M_g + CPU rate of w (eq. 6's bracket)
+    main_experts: float  # experts the main function loads at a cold start
+    biggest_group: int  # experts in the largest remote replica
+
+
+def main_times(p: RemoeProblem, lay: Layout) -> MainTimes:
     x = np.asarray(lay.remote_LE, bool)
     main_gb = p.gb(lay.main_mb)
     on_gpu = lay.kind in ("gpu", "fetch")
     gpu_gb = 0.0 if lay.kind == "cpu" else p.gpu_memory_gb(_gpu_expert_bytes(p, lay.kind))
     if lay.kind == "cpu":
-        speed = p.law(main_gb) / p.law(1.0)
+        speed = p.expert_s(main_gb) / p.law(1.0)
         f_dec = p.nonexpert_cpu_token_s * speed
         f_pre = p.n_in * f_dec * p.prefill_factor
         sw_pre = sw_dec = 0.0
@@ -159,23 +177,36 @@ def evaluate(p: RemoeProblem, lay: Layout) -> Estimate:
         f_pre, f_dec = p.n_in * p.nonexpert_prefill_token_s, p.nonexpert_token_s
         sw_pre = 0.0 if on_gpu else 2 * p.swap_s(p.n_in)
         sw_dec = 0.0 if on_gpu else 2 * p.swap_s(p.top_k)
-    t_loc = p.gpu_expert_token_s if on_gpu else p.law(main_gb)
+    t_loc = p.gpu_expert_token_s if on_gpu else p.expert_s(main_gb)
     # A prompt batch runs faster per token than one decode token (compute- vs read-bound).
     t_loc_pre = t_loc * (p.nonexpert_prefill_token_s / max(p.nonexpert_token_s, 1e-30)
                          if on_gpu else p.prefill_factor)
-    y_gb = np.array([p.gb(m) for m in lay.remote_mb], np.float64)
+    # Monolithic layouts load every expert (Fetch caches them all in CPU memory).
+    main_experts = float(np.sum(~x)) if lay.kind in ("remoe", "mix") else float(x.size)
+    biggest = max((len(g) for gs in lay.groups for g in gs), default=0)
+    return MainTimes(f_pre, f_dec, sw_pre, sw_dec, t_loc, t_loc_pre, gpu_gb, main_gb,
+                     p.gpu_price_gb_s * gpu_gb + p.cpu_rate(main_gb), main_experts, biggest)
+
+
+def evaluate(p: RemoeProblem, lay: Layout) -> Estimate:
+    """Eqs. 1-10 for one request under ``lay`` (see the module docstring)."""
+    L = p.num_layers
+    x = np.asarray(lay.remote_LE, bool)
+    m = main_times(p, lay)
+    y_gb = np.array([p.gb(mb) for mb in lay.remote_mb], np.float64)
     pre, dec, pc_rem = [], [], 0.0
     share = np.sum(p.s_LE * x, axis=1)
     r_dec = remote_decode_s(p, share, np.maximum(y_gb, 1e-6))
     for li in range(L):
-        t_pre, zt = prefill_layer(p, li, x[li], t_loc_pre, float(y_gb[li]), lay.groups[li])
-        pre.append(f_pre + sw_pre + t_pre)  # eq. 1
-        pc_rem += p.cpu_price_gb_s * y_gb[li] * sum(zt)  # eq. 8
-        loc_dec = p.top_k * float(np.sum(p.s_LE[li][~x[li]])) * t_loc
-        dec.append(f_dec + sw_dec + max(loc_dec, float(r_dec[li])))  # eqs. 4-5
+        t_pre, zt = prefill_layer(p, li, x[li], m.t_loc_pre, float(y_gb[li]),
+                                  lay.groups[li])
+        pre.append(m.f_pre + m.sw_pre + t_pre)  # eq. 1
+        pc_rem += p.cpu_rate(float(y_gb[li])) * sum(zt)  # eq. 8
+        loc_dec = p.top_k * float(np.sum(p.s_LE[li][~x[li]])) * m.t_loc
+        dec.append(m.f_dec + m.sw_dec + max(loc_dec, float(r_dec[li])))  # eqs. 4-5
     pt, gt = sum(pre), p.n_out * sum(dec)
-    cold = max(p.cold_main_s, p.cold_remote_s if x.any() else 0.0)
-    c_loc = (pt + gt) * (p.gpu_price_gb_s * gpu_gb + p.cpu_price_gb_s * main_gb)  # eq. 6
-    gc_rem = float(p.cpu_price_gb_s * p.n_out * np.sum(y_gb * r_dec))  # eq. 9
+    cold = p.cold_s(m.main_experts, m.biggest_group)
+    c_loc = (pt + gt) * m.rate_s  # eq. 6
+    gc_rem = float(p.n_out * np.sum(p.cpu_rate(y_gb) * r_dec))  # eq. 9
     return Estimate(pt, gt, pt + cold, gt / p.n_out, cold, c_loc, pc_rem, gc_rem,
-                    gpu_gb, main_gb, pre, dec)
+                    m.gpu_gb, m.main_gb, pre, dec)

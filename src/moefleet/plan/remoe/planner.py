@@ -79,6 +79,11 @@ class RemoeResult:
 
 
 def _check(p: RemoeProblem, name: str, est: Estimate, check_slo: bool) -> None:
+    if check_slo and est.gpu_gb > p.gpu_card_gb + 1e-9:
+        raise InfeasibleError(
+            f"infeasible: the {name} layout needs {est.gpu_gb:.0f} GB of GPU memory, one "
+            f"GPU of the platform has {p.gpu_card_gb:.0f} GB",
+            "use --policy remoe or mix (experts on CPU), or a platform with larger GPUs")
     if check_slo and not est.meets(p):
         raise InfeasibleError(
             f"infeasible: the {name} layout gives TTFT {est.ttft_s:.4g} s / TPOT "
@@ -91,7 +96,7 @@ def _pipeline(p: RemoeProblem, r: int, main_mb: int) -> tuple[Layout, Estimate, 
     x = select_remote(p, r)
     gpu_gb = p.gpu_memory_gb()
     mem = solve_memory(p, x, main_mb, gpu_gb)
-    rate = p.gpu_price_gb_s * gpu_gb + p.cpu_price_gb_s * p.gb(main_mb)
+    rate = p.gpu_price_gb_s * gpu_gb + p.cpu_rate(p.gb(main_mb))
     z, steps = choose_replicas(p, x, main_mb, mem.remote_mb, rate)
     lay = build_layout(p, x, main_mb, mem.remote_mb, z)
     return lay, evaluate(p, lay), mem, z, steps
@@ -164,7 +169,11 @@ def plan_baseline(p: RemoeProblem, kind: Kind, check_slo: bool = True) -> RemoeR
     lay = Layout(kind, main_mb, x, (0,) * p.num_layers, ((),) * p.num_layers)
     est = evaluate(p, lay)
     _check(p, kind.upper(), est, check_slo)
-    return RemoeResult(kind, lay, est, time.perf_counter() - t0, {})
+    meta: dict[str, Any] = {}
+    if est.gpu_gb > p.gpu_card_gb + 1e-9:  # only reachable with check_slo=False
+        meta["gpu_over_one_card"] = (f"needs {est.gpu_gb:.0f} GB of GPU memory, one card "
+                                     f"has {p.gpu_card_gb:.0f} GB: billed as if it fitted")
+    return RemoeResult(kind, lay, est, time.perf_counter() - t0, meta)
 
 
 def plan_policy(p: RemoeProblem, policy: str, check_slo: bool = True) -> RemoeResult:

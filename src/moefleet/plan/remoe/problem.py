@@ -128,6 +128,16 @@ class RemoeProblem:
     gpu_slice_gb: float = 1.0  # GPU memory is billed in these steps
     payload_bytes: float = 6 * 2**20
     max_replicas: int = 8
+    # The platform's vCPU cap per function and the memory-only part of c_c: above
+    # ``max_vcpus`` GB a function gets no more vCPUs (and pays for none), so its CPU rate
+    # is c_c·max_vcpus + c_mem·(y − max_vcpus) and its experts run at T(max_vcpus).
+    # Defaults (inf, 0) are the paper's pure 1 GB = 1 vCPU model.
+    max_vcpus: float = math.inf
+    cpu_mem_price_gb_s: float = 0.0
+    # Cold starts: container start (cold_*_s) plus loading the function's weights at this
+    # rate (0: weights are not counted, the cold start is the platform's constant only).
+    load_bytes_s: float = 0.0
+    gpu_card_gb: float = math.inf  # one GPU's memory: a main function must fit on one
     eta: float = 0.1  # PT <= η·GT in the memory subproblem (IV-E)
     epsilon: float = 1.0 / 64  # MMP's step of the remote ratio b
     platform: str = ""
@@ -155,7 +165,8 @@ class RemoeProblem:
         for name in ("gpu_price_gb_s", "token_bytes", "invoke_overhead_s", "expert_bytes",
                      "nonexpert_bytes", "kv_bytes_per_token", "nonexpert_token_s",
                      "nonexpert_cpu_token_s", "gpu_expert_token_s", "cold_main_s",
-                     "cold_remote_s", "eta", "gpu_slice_gb"):
+                     "cold_remote_s", "eta", "gpu_slice_gb", "cpu_mem_price_gb_s",
+                     "load_bytes_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise RemoeError(f"{name} must be a non-negative number, got {v!r}")
@@ -167,6 +178,12 @@ class RemoeProblem:
             object.__setattr__(self, "nonexpert_prefill_token_s", self.nonexpert_token_s)
         if not 0 < self.prefill_factor <= 1:
             raise RemoeError(f"prefill_factor must be in (0, 1], got {self.prefill_factor}")
+        if self.cpu_mem_price_gb_s > self.cpu_price_gb_s:
+            raise RemoeError(f"cpu_mem_price_gb_s={self.cpu_mem_price_gb_s} exceeds the whole "
+                             f"CPU price c_c={self.cpu_price_gb_s}",
+                             "c_c is memory plus one vCPU per GB; pass the memory part only")
+        if not (self.max_vcpus >= 1):
+            raise RemoeError(f"max_vcpus must be >= 1, got {self.max_vcpus!r}")
         if not 1 <= self.max_replicas <= 1000:
             raise RemoeError(f"max_replicas must be in 1..1000, got {self.max_replicas}")
         if not 0 < self.epsilon <= 0.5:
@@ -206,6 +223,22 @@ class RemoeProblem:
     def gb(self, mb: float) -> float:
         return mb / MB_PER_GB
 
+    # ---- CPU functions of y GB: vCPUs capped at ``max_vcpus`` --------------------------
+    def cpu_rate(self, y_gb: Any) -> Any:
+        """USD per second of a CPU function with y GB: c_c·y up to the vCPU cap, only the
+        memory part above it (works on floats and arrays)."""
+        over = np.maximum(np.asarray(y_gb, np.float64) - self.max_vcpus, 0.0)
+        rate = self.cpu_price_gb_s * np.asarray(y_gb, np.float64) - (
+            self.cpu_price_gb_s - self.cpu_mem_price_gb_s) * over
+        return float(rate) if np.ndim(rate) == 0 else rate
+
+    def expert_s(self, y_gb: float) -> float:
+        """T(y) at the vCPUs a y GB function actually gets: one expert, one token."""
+        return self.law(min(y_gb, self.max_vcpus))
+
+    def expert_s_array(self, y_gb: np.ndarray) -> np.ndarray:
+        return self.law.array(np.minimum(np.asarray(y_gb, np.float64), self.max_vcpus))
+
     def gpu_memory_gb(self, expert_bytes_on_gpu: float = 0.0) -> float:
         """M_g (eq. 7): tokens and KV cache for n_in + n_out tokens plus the non-expert
         modules (and, for the GPU / Fetch baselines, experts), rounded up to the slice."""
@@ -213,6 +246,18 @@ class RemoeProblem:
                 + self.nonexpert_bytes + expert_bytes_on_gpu) / 2**30
         step = self.gpu_slice_gb or 1e-9
         return math.ceil(need / step - 1e-9) * step
+
+    def cold_s(self, main_experts: float, remote_group_experts: float) -> float:
+        """T_cold: the main function's start (container + non-experts + ``main_experts``
+        experts loaded) overlapped with the remote functions' (container + their largest
+        group); every remote function starts when the request arrives (IV-C), so the two
+        run side by side and the slower one counts."""
+        load = (1.0 / self.load_bytes_s) if self.load_bytes_s > 0 else 0.0
+        main = self.cold_main_s + (self.nonexpert_bytes
+                                   + main_experts * self.expert_bytes) * load
+        if remote_group_experts <= 0:
+            return main
+        return max(main, self.cold_remote_s + remote_group_experts * self.expert_bytes * load)
 
     def swap_s(self, tokens: float) -> float:
         """τ_sw(n): GPU<->CPU copy of n tokens (0 without a GPU)."""

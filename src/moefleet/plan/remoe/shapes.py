@@ -13,6 +13,7 @@ figure that uses them is "GPU emulated".
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -81,12 +82,19 @@ class Timing:
         return asdict(self)
 
 
-def measure_cpu(dims: ModelDims, repeats: int = 7) -> Timing:
-    """Median FLOP rate of one expert on 1 and on 64 tokens (fp32, one torch thread)."""
+def measure_cpu(dims: ModelDims, repeats: int = 15, distinct: int = 4) -> Timing:
+    """Best FLOP rate of one expert on 1 and on 64 tokens (fp32, one torch thread): the
+    fastest of ``repeats`` calls, because on a shared machine every slower call is another
+    process's time slice, not the expert's.
+
+    Each timed call uses the next of ``distinct`` experts' weights in turn, so that (as in
+    a real decode step, which reads K experts per layer) the weights come from memory,
+    not from a cache warmed by the previous call. fp32 because torch's bf16 matmul on CPUs
+    without bf16 instructions is slower, not faster (checked on this machine)."""
     import torch
 
-    w1 = torch.randn(dims.hidden, 2 * dims.expert_intermediate)
-    w2 = torch.randn(dims.expert_intermediate, dims.hidden)
+    ws = [(torch.randn(dims.hidden, 2 * dims.expert_intermediate),
+           torch.randn(dims.expert_intermediate, dims.hidden)) for _ in range(max(1, distinct))]
     rates = []
     old = torch.get_num_threads()
     try:
@@ -94,18 +102,31 @@ def measure_cpu(dims: ModelDims, repeats: int = 7) -> Timing:
         for n in (1, 64):
             x = torch.randn(n, dims.hidden)
             times = []
-            for _ in range(repeats):
+            for r in range(repeats + 1):
+                w1, w2 = ws[r % len(ws)]
                 t0 = time.perf_counter()
                 gu = x @ w1
                 g, u = gu.chunk(2, dim=1)
                 (torch.nn.functional.silu(g) * u) @ w2
-                times.append(time.perf_counter() - t0)
-            rates.append(n * dims.expert_flops_per_token / float(np.median(times)))
+                if r:  # the first call pays one-off allocation costs
+                    times.append(time.perf_counter() - t0)
+            rates.append(n * dims.expert_flops_per_token / float(np.min(times)))
     finally:
         torch.set_num_threads(old)
     return Timing(rates[0], max(rates[0], rates[1]),
-                  source=f"measured: one {dims.hidden}x{dims.expert_intermediate} SwiGLU "
-                  f"expert, 1 and 64 tokens, fp32 torch, 1 thread, median of {repeats}")
+                  source=f"measured: {len(ws)} {dims.hidden}x{dims.expert_intermediate} "
+                  f"SwiGLU experts in turn, 1 and 64 tokens, fp32 torch, 1 thread, fastest "
+                  f"of {repeats}")
+
+
+def _max_vcpus(spec: Any) -> float:
+    """The most vCPUs one function of the platform gets (inf where it does not say)."""
+    rule = spec.vcpu
+    if rule is None:
+        return math.inf
+    if getattr(rule, "rule", "") == "table":
+        return float(max(r.vcpu for r in rule.rows))
+    return float(getattr(rule, "max_vcpu", getattr(rule, "vcpu", math.inf)))
 
 
 def problem_for(dims: ModelDims, timing: Timing, spec: Any, s_LE: np.ndarray, *,
@@ -113,12 +134,13 @@ def problem_for(dims: ModelDims, timing: Timing, spec: Any, s_LE: np.ndarray, *,
                 main_memory_mb: list[int] | None = None,
                 remote_memory_mb: list[int] | None = None, gpu: bool = True,
                 max_replicas: int = 8, model: str | None = None,
-                remote_spec: Any = None) -> RemoeProblem:
+                remote_spec: Any = None, load_bytes_s: float = 0.0) -> RemoeProblem:
     """A problem on platform ``spec`` (a faas PlatformSpec). CPU price per GB-s is memory
     plus one vCPU per GB (1 GB = 1 vCPU, the paper's assumption); GPU price per GB of GPU
     memory, billed in the platform's slices. Memory options default to the platform's
     (remote functions up to 5 GB, as the paper's DeepSeek setting); given ones must be
-    offered by the platform."""
+    offered by the platform. ``load_bytes_s`` > 0 adds loading the weights at that rate
+    to every cold start (e.g. the platform's object-store bandwidth)."""
     s_LE = np.asarray(s_LE, np.float64)
     if s_LE.shape != (dims.moe_layers, dims.experts):
         raise RemoeError(
@@ -148,6 +170,7 @@ def problem_for(dims: ModelDims, timing: Timing, spec: Any, s_LE: np.ndarray, *,
     pr, rpr = spec.prices, rspec.prices
     # One price for CPU GB-s: the remote platform's (the main's CPU part differs little).
     c_c = rpr.per_gb_s + rpr.per_vcpu_s
+    max_vcpus = _max_vcpus(spec)
     c_g = pr.per_gpu_s / spec.gpu.memory_gb if (gpu and spec.gpu is not None) else 0.0
     slice_gb = spec.gpu.slice_gb if spec.gpu is not None else 1.0
     t1 = dims.expert_flops_per_token / timing.cpu_flops_1
@@ -177,4 +200,6 @@ def problem_for(dims: ModelDims, timing: Timing, spec: Any, s_LE: np.ndarray, *,
         cold_main_s=spec.startup.cold_start_s, cold_remote_s=rspec.startup.cold_start_s,
         gpu_slice_gb=slice_gb, payload_bytes=float(rspec.limits.sync_payload_bytes),
         max_replicas=min(max_replicas, rspec.limits.max_replicas),
+        max_vcpus=max_vcpus, cpu_mem_price_gb_s=rpr.per_gb_s, load_bytes_s=load_bytes_s,
+        gpu_card_gb=float(spec.gpu.memory_gb) if spec.gpu is not None else math.inf,
         platform=spec.name if rspec is spec else f"{spec.name}+{rspec.name}")

@@ -42,9 +42,9 @@ def worst_case(p: RemoeProblem, r: int, main_mb: float) -> tuple[float, float]:
     function at ``main_mb`` and remote functions at the largest option with z_max
     replicas; loads from Corollary 1 (95%)."""
     E, K = p.num_experts, p.top_k
-    t_loc, y = p.law(p.gb(main_mb)), p.gb(p.remote_memory_mb[-1])
-    unit, z = p.law(y) + _wire(p), p.max_replicas
-    unit_pre = p.law(y) * p.prefill_factor + _wire(p)
+    t_loc, y = p.expert_s(p.gb(main_mb)), p.gb(p.remote_memory_mb[-1])
+    unit, z = p.expert_s(y) + _wire(p), p.max_replicas
+    unit_pre = p.expert_s(y) * p.prefill_factor + _wire(p)
     n_pre, n_dec = p.n_in * K, p.n_out * K
     loc_pre = theorem1_bound(n_pre, E, E - r) * t_loc * p.prefill_factor if r < E else 0.0
     rem_pre = 0.0
@@ -54,7 +54,8 @@ def worst_case(p: RemoeProblem, r: int, main_mb: float) -> tuple[float, float]:
     loc_dec = theorem1_bound(n_dec, E, E - r) / p.n_out * t_loc if r < E else 0.0
     rem_dec = theorem1_bound(n_dec, E, r) / p.n_out * unit + p.invoke_overhead_s if r else 0.0
     L = p.num_layers
-    ttft = (max(p.cold_main_s, p.cold_remote_s if r else 0.0)
+    # cold: the main loads L·(E − r) experts; z_max replicas hold ceil(r / z) each
+    ttft = (p.cold_s(L * (E - r), -(-r // z))
             + L * (p.n_in * p.nonexpert_prefill_token_s + 2 * p.swap_s(p.n_in)
                    + max(loc_pre, rem_pre)))
     tpot = L * (p.nonexpert_token_s + 2 * p.swap_s(K) + max(loc_dec, rem_dec))
@@ -118,7 +119,7 @@ def _inner(p: RemoeProblem, lam: float, share: np.ndarray, loc_dec: np.ndarray,
     a non-convex g (Theorem 2 failing) still gets a good point."""
     def obj(y: np.ndarray) -> np.ndarray:
         r = remote_decode_s(p, share, y)
-        return ((1 + p.eta) * p.n_out * r * (hw + p.cpu_price_gb_s * y)
+        return ((1 + p.eta) * p.n_out * r * (hw + p.cpu_rate(y))
                 + lam * np.maximum(loc_dec, r))
 
     a, b = lo.copy(), np.full_like(lo, hi)
@@ -151,9 +152,9 @@ def solve_memory(p: RemoeProblem, x: np.ndarray, main_mb: int,
     L = p.num_layers
     has: np.ndarray = np.asarray(x.any(axis=1), bool)
     share = np.sum(p.s_LE * x, axis=1)
-    t_loc = p.law(p.gb(main_mb))
+    t_loc = p.expert_s(p.gb(main_mb))
     loc_dec = p.top_k * np.sum(p.s_LE * ~x, axis=1) * t_loc
-    hw = p.gpu_price_gb_s * gpu_gb + p.cpu_price_gb_s * p.gb(main_mb)
+    hw = p.gpu_price_gb_s * gpu_gb + p.cpu_rate(p.gb(main_mb))
     bound = 2 * p.cpu_price_gb_s / hw
     theta2 = p.law.theta2
     fixed = L * (p.nonexpert_token_s + 2 * p.swap_s(p.top_k)) + float(np.sum(loc_dec[~has]))
@@ -179,7 +180,7 @@ def solve_memory(p: RemoeProblem, x: np.ndarray, main_mb: int,
 
     def primal(y: np.ndarray) -> float:
         r = remote_decode_s(p, s_h, y)
-        return float(np.sum((1 + p.eta) * p.n_out * r * (hw + p.cpu_price_gb_s * y)))
+        return float(np.sum((1 + p.eta) * p.n_out * r * (hw + p.cpu_rate(y))))
 
     lam = 0.0
     if idx.size and slack(0.0) > 0:
@@ -226,7 +227,7 @@ def theorem4_bound(p: RemoeProblem, li: int, remote_E: np.ndarray, y_gb: float,
                    z: int) -> float:
     """Theorem 4: the slowest of z replicas with 95% probability."""
     n_up = theorem1_bound(p.n_in * p.top_k, p.num_experts, 1)
-    unit = p.law(y_gb) * p.prefill_factor + _wire(p)
+    unit = p.expert_s(y_gb) * p.prefill_factor + _wire(p)
     total = float(np.sum(p.prefill_tokens_LE[li][remote_E])) * unit
     return (z - 1) / z * n_up * unit + total / z + p.invoke_overhead_s
 
@@ -236,16 +237,23 @@ def choose_replicas(p: RemoeProblem, x: np.ndarray, main_mb: int, remote_mb: tup
     """IV-F2: start from the payload-feasible z_l, add a replica to the layer with the
     largest potential (eq. 15) until the worst-case TTFT (Theorem 4) holds, then while
     some potential is positive. Returns (z, steps). ``rate_main`` = c_g·M_g + c_c·w."""
-    L, t_loc = p.num_layers, p.law(p.gb(main_mb)) * p.prefill_factor
+    L, t_loc = p.num_layers, p.expert_s(p.gb(main_mb)) * p.prefill_factor
     y = [p.gb(m) for m in remote_mb]
     z = [0] * L
+    memo: dict[tuple[int, int], tuple[tuple[int, ...], ...]] = {}
+
+    def grp_of(li: int, zl: int) -> tuple[tuple[int, ...], ...]:
+        if (li, zl) not in memo:  # LPT is the planner's inner loop: once per (layer, z)
+            memo[li, zl] = _groups(p, li, x[li], zl)
+        return memo[li, zl]
+
     for li in range(L):
         if not x[li].any():
             continue
         z[li] = 1
         sizes = p.prefill_tokens_LE[li] * p.token_bytes
         while True:
-            grp = _groups(p, li, x[li], z[li])
+            grp = grp_of(li, z[li])
             if max(sum(sizes[k] for k in g) for g in grp) <= p.payload_bytes:
                 break
             if z[li] >= min(p.max_replicas, int(x[li].sum())):
@@ -256,8 +264,8 @@ def choose_replicas(p: RemoeProblem, x: np.ndarray, main_mb: int, remote_mb: tup
             z[li] += 1
 
     def layer_cost(li: int, zl: int) -> tuple[float, float]:
-        t, zt = prefill_layer(p, li, x[li], t_loc, y[li], _groups(p, li, x[li], zl))
-        return t, rate_main * t + p.cpu_price_gb_s * y[li] * sum(zt)
+        t, zt = prefill_layer(p, li, x[li], t_loc, y[li], grp_of(li, zl))
+        return t, rate_main * t + p.cpu_rate(y[li]) * sum(zt)
 
     def potential(li: int) -> float:
         cap = min(p.max_replicas, int(x[li].sum()))
@@ -270,7 +278,9 @@ def choose_replicas(p: RemoeProblem, x: np.ndarray, main_mb: int, remote_mb: tup
                 if (~x[li]).any() else 0.0 for li in range(L)]
 
     def ttft_wc() -> float:
-        cold = max(p.cold_main_s, p.cold_remote_s if x.any() else 0.0)
+        biggest = max((len(g) for li in range(L) if z[li] for g in grp_of(li, z[li])),
+                      default=0) if p.load_bytes_s > 0 else 0
+        cold = p.cold_s(float(np.sum(~x)), biggest)
         return cold + sum(fixed + max(n_loc_up[li] * t_loc,
                                       theorem4_bound(p, li, x[li], y[li], z[li])
                                       if z[li] else 0.0) for li in range(L))

@@ -1,0 +1,89 @@
+"""The Remoe simulator against the analytical model (eqs. 1-10): exact with routing that
+has no randomness, close in expectation with sampled routing; pools and cold starts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moefleet.plan.remoe import Layout, RemoeProblem, TimeLaw, evaluate, plan_policy
+from moefleet.sim.config import SimError
+from moefleet.sim.remoe import RemoeSimulator
+
+GB = 2**30
+
+
+def _problem(s_LE: np.ndarray, top_k: int = 1, **kw: object) -> RemoeProblem:
+    base: dict[str, object] = dict(
+        model="t", s_LE=s_LE, top_k=top_k, n_in=4, n_out=3, ttft_slo_s=1e3,
+        tpot_slo_s=1e3, main_memory_mb=(1024, 2048), remote_memory_mb=(1024, 2048),
+        cpu_price_gb_s=1.0, gpu_price_gb_s=3.0, token_bytes=100.0, transfer_bytes_s=1000.0,
+        invoke_overhead_s=0.5, law=TimeLaw(0.0, 0.0, 2.0), expert_bytes=0.25 * GB,
+        nonexpert_bytes=0.5 * GB, kv_bytes_per_token=0.0, nonexpert_token_s=1.0,
+        nonexpert_cpu_token_s=4.0, gpu_expert_token_s=0.1, swap_bytes_s=200.0,
+        cold_main_s=3.0, cold_remote_s=1.0, prefill_factor=0.5, load_bytes_s=float(GB))
+    base.update(kw)
+    return RemoeProblem(**base)  # type: ignore[arg-type]
+
+
+def test_deterministic_routing_reproduces_the_equations_exactly() -> None:
+    # top-1 onto one expert per layer: the routing has no randomness. Layer 0's token
+    # expert is remote, layer 1's is local (its remote expert never gets a token).
+    s = np.array([[1.0, 0.0], [0.0, 1.0]])
+    p = _problem(s)
+    lay = Layout("remoe", 1024, np.array([[True, False], [False, False]]), (2048, 0),
+                 (((0,),), ()))
+    est = evaluate(p, lay)
+    got = RemoeSimulator(p, lay).run([0.0])
+    assert got.prefill_s[0] == pytest.approx(est.pt_s)
+    assert got.tpot_s[0] == pytest.approx(est.tpot_s)
+    # main cold start 3 s + (0.5 GB + 3 local experts x 0.25 GB) / 1 GB/s, as evaluate's
+    assert got.cold_s[0] == pytest.approx(est.cold_s) and est.cold_s == pytest.approx(4.25)
+    assert got.ttft_s[0] == pytest.approx(est.ttft_s)
+    assert got.main_cost == pytest.approx(est.c_loc)
+    assert got.remote_prefill_cost == pytest.approx(est.pc_rem)
+    assert got.remote_decode_cost == pytest.approx(est.gc_rem)
+    assert got.remote_calls == 1 + 3  # one prefill call, one per decode token
+
+
+def test_sampled_routing_matches_the_expectation() -> None:
+    rng = np.random.default_rng(3)
+    s = rng.dirichlet(np.full(8, 0.6), size=3)
+    p = _problem(s, top_k=2, n_in=24, n_out=40, law=TimeLaw(0.02, 0.7, 0.004),
+                 invoke_overhead_s=0.002, nonexpert_token_s=1e-3, swap_bytes_s=1e9,
+                 transfer_bytes_s=1e7, main_memory_mb=tuple(range(1024, 8193, 1024)),
+                 remote_memory_mb=(1024, 2048, 4096), expert_bytes=0.02 * GB,
+                 tpot_slo_s=0.2)
+    res = plan_policy(p, "remoe", check_slo=False)
+    est = res.estimate
+    # one replica per layer so that eq. 5's serial remote path is what the pools do
+    lay = Layout("remoe", res.layout.main_mb, res.layout.remote_LE, res.layout.remote_mb,
+                 tuple((tuple(int(e) for e in np.flatnonzero(res.layout.remote_LE[li])),)
+                       if res.layout.remote_LE[li].any() else ()
+                       for li in range(p.num_layers)))
+    est = evaluate(p, lay)
+    got = RemoeSimulator(p, lay, seed=1).run([100.0 * i for i in range(40)])
+    assert np.mean(got.tpot_s) == pytest.approx(est.tpot_s, rel=0.05)
+    assert np.mean(got.prefill_s) == pytest.approx(est.pt_s, rel=0.05)
+    assert got.cost_usd / 40 == pytest.approx(est.cost, rel=0.05)
+    # requests 100 s apart with a 600 s keep-alive: one main and one instance per remote
+    # function start cold, every later request finds them warm
+    assert got.main_cold_starts == 1
+    assert got.remote_cold_starts == sum(1 for g in lay.groups if g)
+    assert got.cold_s[0] > 0 and max(got.cold_s[1:]) == 0.0
+
+
+def test_concurrent_requests_start_more_instances_and_bad_input_is_refused() -> None:
+    s = np.array([[1.0, 0.0], [0.0, 1.0]])
+    p = _problem(s)
+    lay = Layout("remoe", 1024, np.array([[True, False], [False, False]]), (2048, 0),
+                 (((0,),), ()))
+    got = RemoeSimulator(p, lay, keep_alive_s=0.0).run([0.0, 0.0, 0.0])
+    assert got.main_cold_starts == 3 and len(got.ttft_s) == 3
+    assert got.remote_cold_starts >= 2  # the remote function is busy: more instances
+    billed = RemoeSimulator(p, lay, billing_granularity_s=10.0).run([0.0])
+    assert billed.remote_decode_cost == pytest.approx(3 * 2.0 * 10.0)  # 3 calls of 10 s
+    with pytest.raises(SimError, match="arrival times"):
+        RemoeSimulator(p, lay).run([-1.0])
+    with pytest.raises(SimError, match="does not match"):
+        RemoeSimulator(_problem(np.array([[0.5, 0.5]])), lay)
