@@ -1,9 +1,16 @@
 """What HTTP serving costs on top of the engine: the same workload straight into the
 engine in process, and through ``moefleet serve`` (a subprocess) on loopback.
 
-Workload: ``--requests`` wikitext2 prompts, all arriving at once (a closed burst, so
-throughput is the engine's, not the arrival rate's), greedy, ``--max-tokens`` each with
-end-of-sequence ignored so both paths generate exactly the same tokens. The server runs
+Two measurements, both paths side by side:
+
+- *throughput*: ``--requests`` wikitext2 prompts, all arriving at once (a closed burst,
+  so throughput is the engine's, not the arrival rate's), greedy, ``--max-tokens`` each
+  with end-of-sequence ignored so both paths generate exactly the same tokens. Its TTFT
+  is mostly queueing, and over HTTP the requests reach the engine spread over the first
+  steps, so the burst's TTFT difference is batch composition, not HTTP;
+- *added TTFT*: ``--single`` prompts one at a time on an idle engine (one token each, a
+  kept-alive connection), so TTFT is one prefill plus, over HTTP, the request's parsing,
+  the hop to the engine thread and the first SSE chunk: the per-request overhead. The server runs
 the same model with the same ``--max-num-seqs``; the client streams every request
 (``aiohttp``), so its TTFT includes HTTP, JSON and SSE. Both paths run ``--repeats``
 times, alternating; medians are reported.
@@ -18,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
+import json
 import os
 import signal
 import socket
@@ -67,6 +76,52 @@ def over_http(url: str, prompts: list[str], max_tokens: int) -> dict[str, float]
             "tokens_per_s": m["output_token_throughput_tps"], "ttft_p50_s": m["ttft_s"]["p50"]}
 
 
+def ttft_in_process(adapter, prompts: list[str]) -> list[float]:
+    engine = build_engine(adapter, max_num_seqs=1)
+    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    out = []
+    for p in prompts:
+        t0 = time.perf_counter()
+        engine.add_request(p, params)
+        first = None
+        while engine.has_unfinished:
+            for o in engine.step():
+                if first is None and o.new_token_ids:
+                    first = time.perf_counter() - t0
+        assert first is not None
+        out.append(first)
+    return out
+
+
+def ttft_http(url: str, model: str, prompts: list[str]) -> list[float]:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    out = []
+    try:
+        for p in prompts:
+            body = json.dumps({"model": model, "prompt": p, "max_tokens": 1,
+                               "temperature": 0, "stream": True})
+            t0 = time.perf_counter()
+            conn.request("POST", "/v1/completions", body,
+                         {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise SystemExit(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+            first = None
+            for raw in resp:  # SSE lines; the first data chunk carries the first token
+                line = raw.decode().strip()
+                if first is None and line.startswith("data:") and '"text"' in line:
+                    first = time.perf_counter() - t0
+                if line == "data: [DONE]":
+                    break
+            resp.read()
+            assert first is not None
+            out.append(first)
+    finally:
+        conn.close()
+    return out
+
+
 def start_server(model: str, seqs: int) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -93,6 +148,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--single", type=int, default=16,
+                    help="prompts sent one at a time for the added-TTFT measurement")
     args = ap.parse_args()
     load_before = os.getloadavg()  # the machine is shared: say how busy it was
     prompts = [p.text[:400] for p in load_prompts("wikitext2", limit=args.requests)]
@@ -106,6 +163,10 @@ def main() -> None:
             runs["in_process"].append(in_process(adapter, prompts, args.max_tokens,
                                                  args.max_num_seqs))
             runs["http"].append(over_http(url, prompts, args.max_tokens))
+        singles = prompts[: args.single]
+        ttft_http(url, args.model, singles[:2])  # warm the kept-alive path
+        single = {"in_process": ttft_in_process(adapter, singles),
+                  "http": ttft_http(url, args.model, singles)}
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(60)
@@ -125,9 +186,15 @@ def main() -> None:
         "throughput_ratio": med("http", "tokens_per_s") / med("in_process", "tokens_per_s"),
         "in_process_ttft_p50_s": med("in_process", "ttft_p50_s"),
         "http_ttft_p50_s": med("http", "ttft_p50_s"),
-        "added_ttft_p50_ms": (med("http", "ttft_p50_s") - med("in_process", "ttft_p50_s"))
-        * 1e3,
-        "runs": runs,
+        "burst_ttft_difference_p50_ms": (med("http", "ttft_p50_s")
+                                         - med("in_process", "ttft_p50_s")) * 1e3,
+        "single_requests": len(singles),
+        "single_in_process_ttft_p50_ms": statistics.median(single["in_process"]) * 1e3,
+        "single_http_ttft_p50_ms": statistics.median(single["http"]) * 1e3,
+        # per-prompt pairs (same prompt, same prefill): the HTTP path's own cost
+        "added_ttft_p50_ms": statistics.median(
+            h - i for h, i in zip(single["http"], single["in_process"], strict=True)) * 1e3,
+        "runs": runs, "single_ttft_s": single,
     }
     write_json_atomic(OUT, result)
     print({k: v for k, v in result.items() if k != "runs"})

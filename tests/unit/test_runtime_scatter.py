@@ -86,3 +86,17 @@ def test_gather_equals_the_monolithic_combination() -> None:
         gather(0, N, K, [*parts, parts[0]], x)
     with pytest.raises(GatherError, match="rows for"):
         gather(0, N, K, [(parts[0][0], parts[0][1][:-1]), *parts[1:]], x)
+
+
+def test_fit_payload_cuts_an_oversize_share_into_fitting_pieces() -> None:
+    import numpy as np
+
+    from moefleet.runtime.scatter import Share, fit_payload
+
+    share = Share(0, 3, 1, np.arange(10, dtype=np.int64), np.zeros(10, dtype=np.int64))
+    assert fit_payload(share, row_bytes=100, limit=4096 + 1000) == [(share, 0, 10)]
+    cut = fit_payload(share, row_bytes=100, limit=4096 + 300)  # 3 rows per payload
+    assert [(s, e) for _, s, e in cut] == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert np.concatenate([p.tokens_n for p, _, _ in cut]).tolist() == list(range(10))
+    assert {(p.expert, p.replica) for p, _, _ in cut} == {(3, 1)}
+    assert len(fit_payload(share, row_bytes=10**6, limit=10)) == 10  # never 0 rows a piece

@@ -116,6 +116,9 @@ class Executor:
         self.client = CountingStore(store) if store is not None else None  # billed separately
         self.store = RetryingStore(self.client) if self.client is not None else None
         self.run_id = uuid.uuid4().hex[:8]
+        # direct shares over the payload limit sent as extra invocations (see
+        # scatter.fit_payload): a plan whose predictions undercounted an expert
+        self.oversize_splits = 0
         self._batches = itertools.count()
         self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="moefleet-exec")
         # The gate call of a pipelined layer runs here while its experts start.
@@ -261,11 +264,18 @@ class Executor:
         # Slice on this thread: torch ops from many threads each spin up an OpenMP team,
         # which starves the workers on a small machine. Pool threads only move bytes.
         jobs = []
+        pieces: list[scatter.Share] = []
         for share in shares:
             x_nD, w_n = scatter.share_inputs(share, x_ND, w_NK)
             fn = self.dep.expert_function(layer, share.expert)
-            jobs.append((fn, {"x": x_nD, "w": w_n}, {"mode": "direct", "expert": share.expert},
-                         _token_share(share, rids, T)))
+            row_bytes = x_nD.shape[1] * x_nD.element_size() + w_n.element_size()
+            cut = scatter.fit_payload(share, row_bytes, self.limit)
+            self.oversize_splits += len(cut) - 1
+            for piece, s, e in cut:
+                pieces.append(piece)
+                jobs.append((fn, {"x": x_nD[s:e], "w": w_n[s:e]},
+                             {"mode": "direct", "expert": share.expert},
+                             _token_share(piece, rids, T)))
 
         def one(job: tuple[str, dict[str, torch.Tensor], dict[str, Any], dict[str, float]]
                 ) -> torch.Tensor:
@@ -281,7 +291,7 @@ class Executor:
             resolve(packet, self.store)
             return packet.tensors["y"]
 
-        parts = list(zip(shares, self._pool.map(one, jobs), strict=True))
+        parts = list(zip(pieces, self._pool.map(one, jobs), strict=True))
         return scatter.gather(layer, x_ND.shape[0], w_NK.shape[1], parts, x_ND,
                               skipped_NK(pre.tensors["ids_NK"]))
 

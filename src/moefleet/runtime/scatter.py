@@ -81,6 +81,22 @@ def assign(layer: int, ids_NK: torch.Tensor, replicas: list[int]) -> list[Share]
     return shares
 
 
+def fit_payload(share: Share, row_bytes: int, limit: int,
+                overhead: int = 4096) -> list[tuple[Share, int, int]]:
+    """``(piece, start, end)``: ``share`` cut into consecutive pieces whose rows (``row_bytes``
+    each, plus ``overhead`` for the packet's header) fit a ``limit``-byte payload.
+
+    A ``direct`` share is sized by the plan from *predicted* counts; when the real count
+    is larger, the runtime sends it in several invocations of the same replica (each
+    billed) instead of failing the batch, as a client of a real platform would."""
+    rows = max(1, (limit - overhead) // max(1, row_bytes))
+    if share.size <= rows:
+        return [(share, 0, share.size)]
+    return [(Share(share.layer, share.expert, share.replica, share.tokens_n[s:s + rows],
+                   share.slots_n[s:s + rows]), s, min(s + rows, share.size))
+            for s in range(0, share.size, rows)]
+
+
 def minibatches(n: int, beta: int) -> list[tuple[int, int]]:
     """[start, end) ranges of ``beta`` tokens covering ``n`` (the last may be shorter)."""
     if beta < 1:
