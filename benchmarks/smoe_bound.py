@@ -1,6 +1,7 @@
 """What any controller could reach in the sMoE scenario: fixed plans and a clairvoyant one.
 
     python benchmarks/smoe_bound.py [--windows 2] [--patterns slow,normal,bursty]
+    python benchmarks/smoe_bound.py --scenario skewed   # -> smoe_bound_skewed.json
 
 Same harness, windows, arrivals and cost rule as ``benchmarks/smoe_cost.py``. Two
 families of reference controllers (simulated; not baselines, never trained on):
@@ -12,6 +13,10 @@ families of reference controllers (simulated; not baselines, never trained on):
   (1 replica, same memory: a memory change would cold-start every function) otherwise.
   No causal controller can scale ahead of a burst better than this one, so its best
   (cost, P95) is a bound on what reactive scaling can do in this scenario.
+- ``hotcold`` (skewed scenario only): fixed per-expert plans from the routing trace's
+  popularity: experts whose token share is above 1.25 / E of their layer get the ``hot``
+  configuration, the others the ``cold`` one (what a popularity-aware static plan can
+  reach); ``clairvoyant-hotcold`` switches between such a plan and one replica each.
 
 Writes benchmarks/results/smoe_bound.json: per pattern and controller the cost relative
 to the static plan and the median per-window P95 / SLO, and per pattern the cheapest
@@ -37,7 +42,12 @@ from moefleet.autoscale.base import (
 )
 from moefleet.autoscale.smoe.evaluate import eval_windows
 from moefleet.autoscale.smoe.harness import run_episode, window_arrivals
-from moefleet.autoscale.smoe.train import TrainSetup, scenario_for
+from moefleet.autoscale.smoe.train import (
+    DEFAULT_TRACE,
+    SCENARIOS,
+    scenario_for,
+    scenario_setup,
+)
 from moefleet.io import write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,13 +57,17 @@ Pair = tuple[FunctionConfig, FunctionConfig]  # (every segment, every expert)
 
 
 class PairPolicy(AutoscalePolicy):
-    """Sets every segment to ``plan(t)[0]`` and every expert to ``plan(t)[1]``."""
+    """Sets every segment to ``plan(t)[0]`` and every expert to ``plan(t)[1]`` (hot
+    experts, named in ``hot``, to ``hot_cfg`` instead while the high plan holds)."""
 
     def __init__(self, name: str, high: Pair, low: Pair | None = None,
-                 arrivals_s: list[float] | None = None, lookahead_s: float = 0.0) -> None:
+                 arrivals_s: list[float] | None = None, lookahead_s: float = 0.0,
+                 hot: frozenset[tuple[int, int]] = frozenset(),
+                 hot_cfg: FunctionConfig | None = None) -> None:
         self.name, self.high, self.low = name, high, low
         self.times = arrivals_s or []
         self.lookahead_s = lookahead_s
+        self.hot, self.hot_cfg = hot, hot_cfg
 
     def _busy(self, t: float) -> bool:
         i = bisect.bisect_left(self.times, t)
@@ -61,10 +75,13 @@ class PairPolicy(AutoscalePolicy):
 
     def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
                                                                              PolicyState]:
-        plan = self.high if self.low is None or self._busy(snapshot.t_s) else self.low
+        busy = self.low is None or self._busy(snapshot.t_s)
+        plan = self.high if busy else self.low
         out: Decisions = {}
         for name, m in snapshot.functions.items():
             want = plan[0] if m.kind == "segment" else plan[1]
+            if busy and self.hot_cfg is not None and (m.layer, m.expert) in self.hot:
+                want = self.hot_cfg
             if m.config != want:
                 out[name] = want
         return out, state
@@ -92,19 +109,64 @@ def candidates(interval_s: float, apply_s: float) -> dict[str, Any]:
     return out
 
 
+def hot_experts(router: Any, layers: list[int], factor: float = 1.25
+                ) -> frozenset[tuple[int, int]]:
+    """(layer, expert) of the trace's hot experts: token share > factor / E."""
+    import numpy as np
+
+    hot = set()
+    for li, (layer, rows) in enumerate(zip(layers, router.ids, strict=True)):
+        e = router.num_experts[li]
+        share = np.bincount(rows.reshape(-1), minlength=e) / rows.size
+        hot |= {(layer, j) for j in range(e) if share[j] > factor / e}
+    return frozenset(hot)
+
+
+def hotcold(hot: frozenset[tuple[int, int]], interval_s: float, apply_s: float
+            ) -> dict[str, Any]:
+    """Popularity-aware fixed plans and their clairvoyant switching (module doc)."""
+    out: dict[str, Any] = {}
+    for seg in ((4096, 2, 1), (4096, 1, 2)):
+        for h, c in (((1024, 2, 1), (1024, 1, 1)), ((1024, 3, 1), (1024, 1, 1)),
+                     ((1024, 2, 2), (1024, 1, 1)), ((2048, 2, 1), (1024, 1, 1)),
+                     ((1024, 3, 1), (1024, 2, 1)), ((1024, 4, 1), (1024, 2, 1))):
+            name = f"hotcold seg={seg} hot={h} cold={c}"
+            out[name] = (lambda ts, s=seg, h=h, c=c, n=name: PairPolicy(
+                n, _pair(s, c), hot=hot, hot_cfg=FunctionConfig(*h)))
+    low = _pair((4096, 1, 1), (1024, 1, 1))
+    for seg, h, c in (((4096, 2, 1), (1024, 2, 1), (1024, 1, 1)),
+                      ((4096, 2, 1), (1024, 3, 1), (1024, 1, 1)),
+                      ((4096, 2, 1), (1024, 4, 1), (1024, 2, 1))):
+        look = interval_s + apply_s
+        name = f"clairvoyant-hotcold high=seg{seg}/hot{h}/cold{c} look={look:g}s"
+        out[name] = (lambda ts, s=seg, h=h, c=c, n=name, lk=look: PairPolicy(
+            n, _pair(s, c), low, ts, lk, hot=hot, hot_cfg=FunctionConfig(*h)))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--windows", type=int, default=2)
     ap.add_argument("--patterns", default="slow,normal,bursty")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--scenario", default="uniform", choices=SCENARIOS)
+    ap.add_argument("--routing-trace", default=DEFAULT_TRACE)
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     t0 = time.perf_counter()
-    setup = TrainSetup()
+    setup = scenario_setup(args.scenario, routing_trace=args.routing_trace)
     sc = scenario_for(setup)
+    out_path = args.out or (RESULTS if args.scenario == "uniform" else
+                            RESULTS.with_name(f"smoe_bound_{args.scenario}.json"))
     cands = candidates(sc.interval_s, 1.0)
+    fams = ["fixed", "clairvoyant"]
+    if sc.router is not None:
+        cands.update(hotcold(hot_experts(sc.router, list(sc.profile.moe_layers)),
+                             sc.interval_s, 1.0))
+        fams += ["hotcold", "clairvoyant-hotcold"]
     out: dict[str, Any] = {
         "benchmark": "smoe_bound", "simulated": True, "model": sc.model,
+        "scenario": setup.scenario, "routing_trace": setup.routing_trace,
         "platform": sc.spec.name, "slo_s": sc.slo_s, "interval_s": sc.interval_s,
         "mean_rps": setup.mean_rps, "windows_per_pattern": args.windows,
         "note": "reference controllers, not baselines: 'clairvoyant' reads future "
@@ -131,11 +193,10 @@ def main() -> None:
             print(f"{pattern} {name}: {rows[name]['cost_vs_static']:.3f} "
                   f"P95/SLO {rows[name]['p95_over_slo']:.3f}", file=sys.stderr, flush=True)
         best: dict[str, Any] = {}
-        for fam in ("fixed", "clairvoyant"):
-            ok = {n: r for n, r in rows.items() if n.startswith(fam)
-                  and r["p95_over_slo"] <= SLACK}
+        for fam in fams:
+            fam_rows = {n: r for n, r in rows.items() if n.split(" ")[0] == fam}
+            ok = {n: r for n, r in fam_rows.items() if r["p95_over_slo"] <= SLACK}
             pick = min(ok, key=lambda n: ok[n]["cost_vs_static"]) if ok else None
-            fam_rows = {n: r for n, r in rows.items() if n.startswith(fam)}
             lowest = min(fam_rows, key=lambda n: fam_rows[n]["p95_over_slo"])
             best[fam] = {"cheapest_within_slo": pick,
                          "cost_vs_static": ok[pick]["cost_vs_static"] if pick else None,
@@ -145,7 +206,7 @@ def main() -> None:
         out["patterns"][pattern] = {"static_cost_usd": ref, "controllers": rows,
                                     "best": best}
     out["wall_s"] = time.perf_counter() - t0
-    write_json_atomic(args.out, out)
+    write_json_atomic(out_path, out)
     for p, r in out["patterns"].items():
         for fam, b in r["best"].items():
             print(f"{p} {fam}: cheapest within {SLACK} x SLO = {b['cheapest_within_slo']} "

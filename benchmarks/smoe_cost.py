@@ -7,7 +7,9 @@ no-pointer.pt, ddpg-only.pt; missing ones are skipped and listed). Every control
 the same held-out Azure Functions 2019 windows per pattern (slow, normal, bursty) in one
 harness (``moefleet.autoscale.smoe.harness``): same scenario, arrivals and cost rule.
 
-Writes benchmarks/results/smoe_cost.json (+ .png): per pattern, per controller the cost,
+Writes benchmarks/results/smoe_cost.json (+ .png) for a checkpoint of the uniform
+scenario and smoe_cost_<scenario>.json for another (the checkpoint names its
+scenario): per pattern, per controller the cost,
 median per-window P95 over the SLO, share of intervals within the SLO and the median
 decision latency; for sMoE ``cost_ratio_vs_best_baseline`` (the best baseline is the
 cheapest one whose P95 <= 1.02 x SLO; when none meets it, the one with the lowest P95)
@@ -86,11 +88,14 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=2)
     ap.add_argument("--patterns", default="slow,normal,bursty")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     sc, setup, make_full, space = smoe_factory(args.full)
+    if args.out is None:
+        args.out = (RESULTS if setup.scenario == "uniform"
+                    else RESULTS.with_name(f"smoe_cost_{setup.scenario}.json"))
     ctls: dict[str, Any] = {"smoe": make_full}
     training: dict[str, Any] = {}
     missing = []
@@ -120,6 +125,7 @@ def main() -> None:
                    progress=lambda s: print(s, file=sys.stderr, flush=True))
     out: dict[str, Any] = {
         "benchmark": "smoe_cost", "simulated": True, "model": sc.model,
+        "scenario": setup.scenario, "routing_trace": setup.routing_trace,
         "platform": sc.spec.name, "slo_s": sc.slo_s, "interval_s": sc.interval_s,
         "mean_rps": setup.mean_rps, "window_minutes": setup.window_minutes,
         "windows_per_pattern": args.windows, "training": training,

@@ -82,6 +82,10 @@ def test_train_resume_and_eval(tmp_path: Path) -> None:
     (["train", "--out", "x.pt", "--interval", "0"], "interval"),
     (["train", "--out", "x.pt", "--variant", "nope"], "unknown sMoE variant"),
     (["train", "--out", "x.pt", "--stay-prior", "-1"], "--stay-prior"),
+    (["train", "--out", "x.pt", "--scenario", "zipf"], "unknown scenario 'zipf'"),
+    (["train", "--out", "x.pt", "--scenario", "skewed", "--routing-trace", "none.parquet"],
+     "no routing trace at none.parquet"),
+    (["train", "--out", "x.pt", "--slo", "0"], "--slo must be > 0"),
     (["eval", "-c", "missing.pt"], "no sMoE checkpoint"),
 ])
 def test_bad_input_is_one_line_error(args: list[str], needle: str) -> None:

@@ -67,8 +67,14 @@ def train_cmd(
     time_budget: Annotated[float | None, typer.Option(
         help="Stop after this many seconds (the checkpoint is saved every episode).")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the checkpoint at --out.")] = False,
-    slo: Annotated[float, typer.Option(help="End-to-end P95 SLO (s).")] = 0.3,
+    slo: Annotated[float | None, typer.Option(
+        help="End-to-end P95 SLO (s); default: uniform 0.3, skewed 1.5 x unloaded.")] = None,
     interval: Annotated[float, typer.Option(help="Control interval (s).")] = 10.0,
+    scenario: Annotated[str, typer.Option(
+        help="uniform (uniform routing) or skewed (a zoo model's routing trace).")] = "uniform",
+    routing_trace: Annotated[str, typer.Option(
+        help="Parquet routing trace of the skewed scenario.")] = (
+        "out/smoe/tiny-moe-lm-sharegpt.parquet"),
     model: Annotated[str, typer.Option(help="synthetic: model of the scenario.")] = (
         "synthetic:blocks=4,experts=8,top_k=2,hidden=512,decoder=0"),
     window_minutes: Annotated[int, typer.Option(help="Minutes per training window.")] = 10,
@@ -87,7 +93,7 @@ def train_cmd(
     with user_errors():
         import torch
 
-        from moefleet.autoscale.smoe.train import TrainSetup, train
+        from moefleet.autoscale.smoe.train import scenario_setup, train
 
         if threads < 1:
             raise MoefleetError(f"--threads must be >= 1, got {threads}")
@@ -101,8 +107,11 @@ def train_cmd(
             raise MoefleetError(f"--stay-prior must be in [0, 100], got {stay_prior:g}")
         spec, space = variant_parts(variant)
         spec = dataclasses.replace(spec, stay_prior=stay_prior)
-        setup = TrainSetup(model=model, slo_s=slo, interval_s=interval,
-                           window_minutes=window_minutes, mean_rps=mean_rps)
+        if slo is not None and not slo > 0:
+            raise MoefleetError(f"--slo must be > 0 s, got {slo:g}")
+        setup = scenario_setup(scenario, routing_trace=routing_trace, slo_s=slo, model=model,
+                               interval_s=interval, window_minutes=window_minutes,
+                               mean_rps=mean_rps)
         bar = _Progress(f"training sMoE ({variant})", episodes)
         try:
             res = train(out, episodes=episodes, setup=setup, space=space, spec=spec,

@@ -10,6 +10,12 @@ function's memory (and the vCPUs it implies): a pod holds its request while aliv
 is the cost every controller is compared on (``IntervalLog``); the simulator's own
 per-call bill is reported beside it.
 
+Routing: ``uniform`` (every expert of a layer equally likely: the first scenario) or
+``skewed`` — a real routing trace of a zoo model (:class:`moefleet.sim.TraceRowRouter`:
+each pass draws recorded tokens' top-k rows, so the trace's expert popularity and its
+joint top-k structure carry over). The trace must have the scenario model's MoE layers,
+experts per layer and top-k; anything else is an error naming both shapes.
+
 Workloads: Azure Functions 2019 windows of one pattern (slow / normal / bursty by
 inter-arrival CV, :func:`moefleet.workloads.windows.find_windows`), rescaled to
 ``mean_rps`` so that every pattern loads the pipeline alike.
@@ -35,6 +41,7 @@ from moefleet.plan.plan import DeploymentPlan
 from moefleet.platform.catalog import load_platform
 from moefleet.platform.specs import PlatformSpec
 from moefleet.profiles.model import ComputeProfile
+from moefleet.sim.routing import DistributionRouter, Router, router_from_trace
 from moefleet.sim.synthetic import parse_synthetic
 from moefleet.workloads.base import Arrival
 from moefleet.workloads.windows import FunctionWindow, find_windows
@@ -53,6 +60,15 @@ class Scenario:
     prompt_tokens: int = 64
     top_k: int = 2
     segment_replicas: int = 2  # the static plan's segment pods (the plan has no field)
+    router: Router | None = None  # None = uniform routing
+    routing_trace: str = ""  # the Parquet trace behind ``router`` ("" = uniform)
+
+    def routing(self) -> Router:
+        """The scenario's expert routing (uniform when it has no trace)."""
+        if self.router is not None:
+            return self.router
+        return DistributionRouter.uniform([len(lp.experts) for lp in self.plan.layers],
+                                          self.top_k)
 
     def price_per_s(self, memory_mb: int) -> float:
         return self.spec.compute_cost(memory_mb, 1.0)
@@ -62,12 +78,13 @@ def build_scenario(model: str = DEFAULT_MODEL, *, slo_s: float = 0.3,
                    platform: str = "openfaas-k8s", interval_s: float = 10.0,
                    prompt_tokens: int = 64, segment_memory_mb: int = 4096,
                    expert_memory_mb: int = 1024, replicas: int = 2,
-                   segment_replicas: int = 2) -> Scenario:
+                   segment_replicas: int = 2, routing_trace: str = "") -> Scenario:
     """The scenario. The starting plan is uniform (``segment_memory_mb`` per segment,
     ``expert_memory_mb`` x ``replicas`` per expert; ``segment_replicas`` segment pods);
     :func:`moefleet.autoscale.smoe.baselines.search_static` picks the static baseline's
     values offline. (The ODS plan, solved for on-demand invocations, is reported
-    separately by the benchmark: its small experts are not a pod deployment.)"""
+    separately by the benchmark: its small experts are not a pod deployment.)
+    ``routing_trace`` (a Parquet routing trace) replaces uniform routing (module doc)."""
     if not (math.isfinite(interval_s) and interval_s > 0):
         raise AutoscaleError(f"control interval must be > 0 s, got {interval_s!r}",
                              "pass e.g. --interval 10")
@@ -81,8 +98,40 @@ def build_scenario(model: str = DEFAULT_MODEL, *, slo_s: float = 0.3,
                                   len(profile.segments), expert_memory_mb, "direct",
                                   replicas=replicas, segment_memory_mb=segment_memory_mb,
                                   policy="static")
+    router = load_routing(routing_trace, experts, synth.top_k) if routing_trace else None
     return Scenario(synth.name, profile, spec, plan, slo_s, interval_s, prompt_tokens,
-                    synth.top_k, segment_replicas)
+                    synth.top_k, segment_replicas, router, routing_trace)
+
+
+def load_routing(path: str, experts: list[int], top_k: int) -> Router:
+    """A per-token router replaying the trace at ``path``; its shape must be the
+    scenario model's (MoE layers x experts, top-k)."""
+    from pathlib import Path
+
+    from moefleet.traces.schema import read_trace
+
+    if not Path(path).is_file():
+        raise AutoscaleError(f"no routing trace at {path}",
+                             "record one: moefleet profile --model tiny-moe-lm --dataset "
+                             f"sharegpt:train --max-tokens 16384 --no-attention-ids --out {path}")
+    router = router_from_trace(read_trace(path), "rows")
+    if router.num_experts != experts or router.top_k != top_k:
+        raise AutoscaleError(
+            f"routing trace {path} has experts per layer {router.num_experts} top-{router.top_k};"
+            f" the scenario model has {experts} top-{top_k}",
+            "record the trace with a model of the scenario's shape or pass a matching --model")
+    return router
+
+
+def unloaded_latency_s(sc: Scenario, requests: int = 20, gap_s: float = 30.0,
+                       seed: int = 0) -> float:
+    """Median end-to-end latency of the starting plan when requests never overlap
+    (one every ``gap_s``, instances pre-warmed): the pipeline's own latency under the
+    scenario's routing, with no queueing."""
+    arrivals = [Arrival(gap_s * (i + 1), f"unloaded-{i}", prompt_tokens=sc.prompt_tokens)
+                for i in range(requests)]
+    res = run_episode(sc, None, arrivals, gap_s * (requests + 1), seed=seed)
+    return float(res["p50_s"])
 
 
 def pattern_windows(pattern: str, *, minutes: int, limit: int | None = None,
@@ -163,14 +212,13 @@ def run_episode(sc: Scenario, controller: AutoscalePolicy | None, arrivals: list
                 duration_s: float, seed: int = 0) -> dict[str, Any]:
     """Simulate one window under ``controller`` (None = the static plan); returns cost,
     P95 over the whole window, per-interval P95s and decision latencies."""
-    from moefleet.sim import DistributionRouter, SimConfig, Simulator
+    from moefleet.sim import SimConfig, Simulator
 
     rec = Recorder(controller, sc.price_per_s, segment_start(sc))
     cfg = SimConfig(scaling="replicas", keep_alive_s=1e9, prompt_tokens=sc.prompt_tokens,
                     slo_s=sc.slo_s, interval_s=sc.interval_s, apply_delay_s=1.0,
                     prewarm=True)
-    router = DistributionRouter.uniform([len(lp.experts) for lp in sc.plan.layers], sc.top_k)
-    sim = Simulator(sc.plan, sc.profile, sc.spec, router=router, config=cfg, policy=rec,
+    sim = Simulator(sc.plan, sc.profile, sc.spec, router=sc.routing(), config=cfg, policy=rec,
                     seed=seed, decoder=False)
     res = sim.run(arrivals, duration_s)
     log = rec.log
@@ -179,6 +227,7 @@ def run_episode(sc: Scenario, controller: AutoscalePolicy | None, arrivals: list
         "cost_usd": float(sum(log.cost_usd)),
         "sim_billed_usd": float(res.cost_usd),
         "p95_s": float(res.latency["p95"] or 0.0),
+        "p50_s": float(res.latency["p50"] or 0.0),
         "window_p95_s": served,
         "completed": int(res.requests["completed"]),
         "arrived": len(arrivals),
