@@ -20,8 +20,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +29,7 @@ import torch
 from torch import nn
 
 from moefleet.brownout.routing import BrownoutError, Grouping
+from moefleet.io import atomic_dir
 from moefleet.models.base import MoEModelAdapter
 from moefleet.paths import cache_dir
 
@@ -98,9 +97,7 @@ def entry_dir(adapter: MoEModelAdapter, ways: int, kind: str, config: dict[str, 
 def save_atomic(target: Path, united: UnitedExperts, write: Callable[[Path], None] | None = None
                 ) -> None:
     """Write ``united`` as the entry ``target`` (temp dir + rename; see module doc)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    with atomic_dir(target) as tmp:
         payload = {
             "model": united.model,
             "model_key": united.model_key,
@@ -113,12 +110,6 @@ def save_atomic(target: Path, united: UnitedExperts, write: Callable[[Path], Non
         if write is not None:
             write(tmp)
         (tmp / "report.json").write_text(json.dumps(united.report, indent=2, sort_keys=True))
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_entry(path: Path, adapter: MoEModelAdapter, ways: int | None = None) -> UnitedExperts:

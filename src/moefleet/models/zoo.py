@@ -27,7 +27,6 @@ import logging
 import os
 import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from moefleet.errors import UnknownNameError
-from moefleet.io import write_json_atomic
+from moefleet.io import atomic_dir, write_json_atomic
 from moefleet.models.base import MoEModelAdapter
 from moefleet.paths import cache_dir
 
@@ -180,18 +179,11 @@ def build(name: str, *, force: bool = False, progress: ProgressFn | None = None,
         if is_built(name) and not force:  # built by the process we waited for
             return target
         _clean_stale(target)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
+        with atomic_dir(target) as tmp:
             report = entry.build(tmp, dict(entry.recipe), progress)
             report = {"name": entry.name, "key": entry.key(), "recipe": entry.recipe, **report}
             report["manifest"] = _manifest(tmp)
             write_json_atomic(tmp / "build.json", report)
-            if target.exists():
-                shutil.rmtree(target)
-            tmp.rename(target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
