@@ -15,6 +15,7 @@ import json
 import math
 import statistics
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,6 +129,20 @@ def summarize(records: list[RequestRecord], wall_s: float, cfg: BenchConfig) -> 
     }
 
 
+async def sse_events(resp: Any) -> AsyncIterator[dict[str, Any] | None]:
+    """The JSON events of an OpenAI-style SSE stream (an aiohttp response), in order, then
+    ``None`` for ``data: [DONE]``; nothing after it. Other lines are skipped."""
+    async for raw in resp.content:
+        line = raw.decode().strip()
+        if not line.startswith("data: "):
+            continue
+        data = line[6:]
+        if data == "[DONE]":
+            yield None
+            return
+        yield json.loads(data)
+
+
 async def _one(session: Any, cfg: BenchConfig, model: str, prompt: str, max_tokens: int,
                rec: RequestRecord, t0: float) -> None:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
@@ -139,14 +154,9 @@ async def _one(session: Any, cfg: BenchConfig, model: str, prompt: str, max_toke
             if resp.status != 200:
                 rec.error = f"HTTP {resp.status}"
                 return
-            async for raw in resp.content:
-                line = raw.decode().strip()
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
+            async for ev in sse_events(resp):
+                if ev is None:  # data: [DONE]
                     break
-                ev = json.loads(data)
                 if "error" in ev:
                     rec.error = str(ev["error"].get("code") or "stream error")
                     return

@@ -31,6 +31,7 @@ from moefleet.engine import Engine, EngineError, SamplingParams
 from moefleet.runtime.fault_runs import FaultRun
 from moefleet.runtime.faults import FaultPlan, FaultyExperts
 from moefleet.runtime.retry import POLICIES
+from moefleet.serve.bench import sse_events
 
 MAX_REQUESTS = 10_000  # bounds what a caller's number can queue
 
@@ -149,18 +150,13 @@ async def _one(session: Any, url: str, model: str, prompt: str, max_tokens: int,
 
 async def _read_stream(resp: Any, t0: float) -> _Outcome:
     text, finish, error = "", None, None
-    async for raw in resp.content:
-        line = raw.decode().strip()
-        if not line.startswith("data: "):
-            continue
-        data = line[6:]
-        if data == "[DONE]":
+    async for ev in sse_events(resp):
+        if ev is None:  # data: [DONE]
             if error is not None:
                 return _Outcome("failed", f"in-stream error: {error}")
             if finish is None:
                 return _Outcome("lost", "[DONE] before a finish reason")
             return _Outcome("completed", text=text, latency_s=time.perf_counter() - t0)
-        ev = json.loads(data)
         if "error" in ev:
             error = ev["error"].get("message") or None
             if error is None:
