@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from moefleet.platform import InvocationRecord, ObjectStore, PlatformSpec, polling
-from moefleet.runtime import scatter
+from moefleet.runtime import scatter, transfer
 from moefleet.runtime.base import FunctionBackend, InvokeResult
 from moefleet.runtime.calls import ExpertDirect, SegmentPost, SegmentPre, Transfer, expert_call
 from moefleet.runtime.deploy import Deployment
@@ -48,7 +48,6 @@ from moefleet.runtime.errors import FunctionError, GatherError, PayloadTooLargeE
 from moefleet.runtime.handlers import skipped_NK
 from moefleet.runtime.messages import encode
 from moefleet.runtime.payload import Packet, pack, pack_spilling, resolve, unpack
-from moefleet.runtime.stores import CountingStore, RetryingStore
 
 # record -> {request id: share of its cost}
 Attribution = tuple[InvocationRecord, dict[str, float]]
@@ -106,17 +105,12 @@ class Executor:
     def __init__(self, deployment: Deployment, backend: FunctionBackend,
                  store: ObjectStore | None, platform: PlatformSpec, *,
                  max_parallel: int = 32) -> None:
-        indirect = [lp.layer for lp in deployment.plan.layers if lp.method != "direct"]
-        if indirect and store is None:
-            raise FunctionError(
-                f"layers {indirect} pass tokens through the object store, but the executor "
-                "was given none", "pass the store the deployment uses (deployment.store)")
+        self._caller = transfer.CallerStore(deployment.plan, store, "the executor")
         self.dep = deployment
         self.backend = backend
         self.platform = platform
         self.limit = backend.max_inline_bytes  # spill bigger packets to the store
-        self.client = CountingStore(store) if store is not None else None  # billed separately
-        self.store = RetryingStore(self.client) if self.client is not None else None
+        self.store = self._caller.store  # its requests are billed separately
         self.run_id = uuid.uuid4().hex[:8]
         # direct shares over the payload limit sent as extra invocations (see
         # scatter.fit_payload): a plan whose predictions undercounted an expert
@@ -339,10 +333,7 @@ class Executor:
 
     def client_requests(self) -> tuple[int, int]:
         """(PUT+LIST, GET) requests the executor itself made (billed as storage)."""
-        if self.client is None:
-            return 0, 0
-        st = self.client.stats()
-        return st.puts + st.lists, st.gets
+        return self._caller.requests()
 
 
 def _normalise(weights: dict[str, float]) -> dict[str, float]:

@@ -40,10 +40,9 @@ from moefleet.runtime import scatter, transfer
 from moefleet.runtime.base import InvokeResult
 from moefleet.runtime.calls import ExpertDirect, expert_call
 from moefleet.runtime.deploy import Deployment
-from moefleet.runtime.errors import FunctionError, GatherError, PayloadTooLargeError
+from moefleet.runtime.errors import GatherError, PayloadTooLargeError
 from moefleet.runtime.messages import encode
 from moefleet.runtime.payload import pack, resolve, unpack
-from moefleet.runtime.stores import CountingStore, RetryingStore
 
 Attribution = tuple[InvocationRecord, dict[str, float]]
 ANONYMOUS = "-"
@@ -77,15 +76,10 @@ class RemoteExperts:
                  *, max_parallel: int = 16) -> None:
         if max_parallel < 1:
             raise ValueError(f"max_parallel must be >= 1, got {max_parallel}")
-        indirect = [lp.layer for lp in deployment.plan.layers if lp.method != "direct"]
-        if indirect and store is None:
-            raise FunctionError(
-                f"layers {indirect} pass tokens through the object store, but RemoteExperts "
-                "was given none", "pass the store the deployment uses")
+        self._caller = transfer.CallerStore(deployment.plan, store, "RemoteExperts")
         self.dep = deployment
         self.invoker = invoker
-        self.client = CountingStore(store) if store is not None else None
-        self.store = RetryingStore(self.client) if self.client is not None else None
+        self.store = self._caller.store
         self.run_id = uuid.uuid4().hex[:8]
         self._calls = itertools.count()
         self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="moefleet-rx")
@@ -118,10 +112,7 @@ class RemoteExperts:
 
     def store_requests(self) -> tuple[int, int]:
         """(PUT+LIST, GET) requests this caller made itself (billed as storage)."""
-        if self.client is None:
-            return 0, 0
-        st = self.client.stats()
-        return st.puts + st.lists, st.gets
+        return self._caller.requests()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

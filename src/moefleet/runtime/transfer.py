@@ -18,11 +18,37 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from moefleet.plan import DeploymentPlan
 from moefleet.platform import ObjectStore, polling
 from moefleet.runtime import scatter
+from moefleet.runtime.errors import FunctionError
 from moefleet.runtime.payload import need, pack, unpack
+from moefleet.runtime.stores import CountingStore, RetryingStore
 
 IO_THREADS = polling.STORE_IO_THREADS  # the cost model assumes the same (plan.transfers)
+
+
+class CallerStore:
+    """The object store as the side that drives a layer loop uses it (the ODS/BO
+    coordinator, RemoteExperts in the engine or a main function): requests retried, and
+    counted, because the caller's own requests are billed as storage. A plan with
+    storage/pipelined layers and no store fails here, naming ``who``."""
+
+    def __init__(self, plan: DeploymentPlan, store: ObjectStore | None, who: str) -> None:
+        indirect = [lp.layer for lp in plan.layers if lp.method != "direct"]
+        if indirect and store is None:
+            raise FunctionError(
+                f"layers {indirect} pass tokens through the object store, but {who} was "
+                "given none", "pass the store the deployment uses (deployment.store)")
+        self.client = CountingStore(store) if store is not None else None
+        self.store = RetryingStore(self.client) if self.client is not None else None
+
+    def requests(self) -> tuple[int, int]:
+        """(PUT+LIST, GET) requests made through this caller so far."""
+        if self.client is None:
+            return 0, 0
+        st = self.client.stats()
+        return st.puts + st.lists, st.gets
 
 
 def upload_jobs(prefix: str, method: str, beta: int, shares: list[scatter.Share],
