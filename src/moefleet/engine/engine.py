@@ -164,13 +164,6 @@ class Engine:
         self.sampler.forget(live.seq.seq_id)
         return True
 
-    def request_of(self, seq_id: int) -> str | None:
-        """The request id of a running sequence (None once it finished)."""
-        for rid, live in self._live.items():
-            if live.seq.seq_id == seq_id:
-                return rid
-        return None
-
     @property
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
