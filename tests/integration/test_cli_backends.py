@@ -47,19 +47,13 @@ def run(*args: str) -> Any:
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tiny-mixtral, 2 blocks of 4 experts (top-2), with the GPT-2 tokenizer the zoo's tiny
     models use, as a save_pretrained directory."""
-    import torch
-    from transformers import MixtralConfig, MixtralForCausalLM
-
+    from moefleet.models.tiny import small_mixtral
     from moefleet.models.tokenizers import gpt2_tokenizer
 
     tok = gpt2_tokenizer()
-    torch.manual_seed(0)
-    cfg = MixtralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, vocab_size=len(tok),
-                        num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False,
-                        max_position_embeddings=512, bos_token_id=0, eos_token_id=1)
+    model = small_mixtral(vocab_size=len(tok))
     out = tmp_path_factory.mktemp("models") / "tiny-mixtral-2x4"
-    MixtralForCausalLM(cfg).float().eval().save_pretrained(out)
+    model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
 

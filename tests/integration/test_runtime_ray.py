@@ -70,14 +70,10 @@ def backend(local_ray: None, platform: PlatformSpec,
 def adapter() -> HFMoEAdapter:
     """tiny-mixtral trimmed to 2 blocks of 4 experts (top-2): 10 functions, i.e. 10 replica
     processes, where the full tiny model's 27 take ~80 s to start on 2 cores."""
-    from transformers import MixtralConfig, MixtralForCausalLM
+    from moefleet.models.tiny import small_mixtral
 
-    torch.manual_seed(0)
-    cfg = MixtralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, vocab_size=1024,
-                        num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False,
-                        max_position_embeddings=512, bos_token_id=0, eos_token_id=1)
-    return HFMoEAdapter(MixtralForCausalLM(cfg).float().eval(), name="tiny-mixtral-2x4")
+    model = small_mixtral()
+    return HFMoEAdapter(model, name="tiny-mixtral-2x4")
 
 
 def _plan(adapter: HFMoEAdapter, platform: str, method: str) -> DeploymentPlan:

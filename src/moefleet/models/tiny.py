@@ -34,6 +34,17 @@ _COMMON: dict[str, Any] = dict(
 )
 
 
+def small_mixtral(layers: int = 2, experts: int = 4, vocab_size: int = 1024,
+                  seed: int = 0) -> PreTrainedModel:
+    """A Mixtral smaller than ``tiny_model("mixtral")`` (2 blocks of 4 experts, top-2,
+    fp32, eval mode): few functions, so backends that start a process per function (ray,
+    the serving and fault runs) come up quickly on 2 cores."""
+    torch.manual_seed(seed)
+    cfg = MixtralConfig(**dict(_COMMON, num_hidden_layers=layers, vocab_size=vocab_size),
+                        intermediate_size=96, num_local_experts=experts, num_experts_per_tok=2)
+    return MixtralForCausalLM(cfg).float().eval()
+
+
 def tiny_model(family: str, vocab_size: int = 1024, seed: int = 0) -> PreTrainedModel:
     """A randomly initialised model of ``family`` with 8 experts (top-2), fp32."""
     torch.manual_seed(seed)
