@@ -131,3 +131,57 @@ def test_serve_remoe_plan_refuses_cuda_on_a_machine_without_one(
                                  str(plan), "--device", "cuda", "--port", "0"])
     assert r.exit_code == 2
     assert "torch sees no CUDA GPU here" in r.output and "--device" in r.output
+
+
+def test_serve_cli_with_a_remoe_plan_answers_over_http_and_tears_down(
+        small_mixtral_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``moefleet serve --plan remoe.yaml`` itself (in process: ``uvicorn.run`` is replaced by
+    a real server on a thread that is queried, then stopped, as Ctrl-C would)."""
+    import threading
+    import time
+
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from moefleet.cli import app as cli
+    from moefleet.engine.build import build_engine
+    from moefleet.models.registry import load_adapter
+    from tests.serve.conftest import free_port
+
+    model = str(small_mixtral_dir)
+    adapter = load_adapter(model)
+    with running(build_engine(adapter, max_num_seqs=4)) as s:
+        want = _complete(s.url)
+    plan = _remoe_plan(tmp_path / "remoe.yaml", adapter, model)
+    seen: dict[str, Any] = {}
+
+    def serve_once(app: Any, host: str, port: int, log_level: str) -> None:
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=free_port(),
+                                               log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        while not server.started:
+            time.sleep(0.02)
+        url = f"http://{host}:{server.config.port}"
+        try:
+            seen["got"] = _complete(url)
+            seen["billed"] = _billed_series(url)
+        finally:
+            server.should_exit = True
+            thread.join(30)
+
+    monkeypatch.setattr(uvicorn, "run", serve_once)
+    store = tmp_path / "store"
+    r = CliRunner().invoke(cli, ["serve", "--model", model, "--plan", str(plan), "--backend",
+                                 "local", "--workers", "1", "--store", str(store),
+                                 "--served-name", MODEL, "--port", "0"])
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())  # rich wraps lines at the terminal's width
+    assert "this process is the main function" in out and "GPU emulated" in out
+    assert "deployment torn down" in out
+    assert not [p for p in store.rglob("*") if p.is_file()]
+    got = seen["got"]
+    assert [c["text"] for c in got["choices"]] == [c["text"] for c in want["choices"]]
+    usage = got["usage"]["billed_cost"]
+    assert usage["usd"] == pytest.approx(usage["main_usd"] + usage["remote_usd"], rel=1e-12)
+    assert sum(seen["billed"].values()) == pytest.approx(usage["usd"], rel=1e-9)
