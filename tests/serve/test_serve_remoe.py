@@ -67,7 +67,7 @@ def test_served_remoe_plan_matches_in_process_and_bills_main_plus_remote(
     plan = DeploymentPlan.load(_remoe_plan(tmp_path / "remoe.yaml", adapter, model))
     store_dir = tmp_path / "store"
     with deployed_engine(plan, adapter, store=open_store(str(store_dir)), backend="local",
-                         model_ref=model, backend_options={"workers": 2}, max_num_seqs=4,
+                         model_ref=model, backend_options={"workers": 1}, max_num_seqs=4,
                          audit=True) as d:
         assert d.functions == 2 and d.device == "cpu"  # one group per layer; main is here
         assert not d.backend.records()  # nothing invoked yet (no main function to call)
