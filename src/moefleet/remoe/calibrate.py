@@ -230,6 +230,28 @@ def calibrate(cal: RemoeCalibration, all_remote: dict[str, Any], *, num_layers: 
                 "prefill_call_median_s": d_pre, "prefill_call_median_slots": n_pre})
 
 
+def calibrate_runtime(adapter: Any, prompts: list[list[int]], *, platform: Any, store: Any,
+                      max_tokens: int, workers: int = 2, main_memory_mb: int = 2048,
+                      remote_memory_mb: int = 1024) -> RemoeCalibration:
+    """Both measurements on ``prompts`` (keep them apart from any run this calibration is
+    compared with): :func:`record_passes` in process, then :func:`measure_plan` of a plan
+    with every expert remote, one replica per layer, and :func:`calibrate`."""
+    from moefleet.remoe.plans import manual_plan
+
+    shape = adapter.summary()
+    layers = list(shape.moe_layers)
+    L, K = len(layers), int(shape.top_k)
+    _, steps, _ = record_passes(adapter, prompts, max_tokens)
+    cal = calibrate_in_process(steps, L, K)
+    every = {layer: range(int(shape.num_experts[li])) for li, layer in enumerate(layers)}
+    plan = manual_plan(shape, platform.name, every, main_memory_mb=main_memory_mb,
+                       remote_memory_mb=remote_memory_mb, replicas=1, gpu_gb=1.0,
+                       policy="remoe-calibration")
+    run = measure_plan(plan, adapter, prompts, platform=platform, store=store,
+                       max_tokens=max_tokens, workers=workers)
+    return calibrate(cal, run, num_layers=L, top_k=K, hidden=int(shape.hidden_size))
+
+
 def calibrated_problem(p: Any, cal: RemoeCalibration) -> Any:
     """``p`` with this runtime's measured times: one thread per function whatever its
     memory (the local backend's workers), so T(y) is flat at the measured slot time; the
