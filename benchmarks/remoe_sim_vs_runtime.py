@@ -158,8 +158,7 @@ def main() -> None:
     from moefleet.models import load_adapter
     from moefleet.platform import load_platform, open_store
     from moefleet.remoe.calibrate import (
-        calibrate,
-        calibrate_in_process,
+        calibrate_runtime,
         calibrated_problem,
         measure_plan,
         metered_prices,
@@ -174,7 +173,7 @@ def main() -> None:
                                       max_length=128)["input_ids"]) for p in texts]
     valid, calib = prompts[: args.requests], prompts[args.requests:]
     shape = adapter.summary()
-    L, K, hidden = len(shape.moe_layers), int(shape.top_k), int(shape.hidden_size)
+    hidden = int(shape.hidden_size)
 
     # the validated requests' routing, recorded in process once (greedy: every round's)
     passes, _, ref_tokens = record_passes(adapter, valid, args.new_tokens)
@@ -183,17 +182,13 @@ def main() -> None:
     for k in range(args.rounds):
         # calibration: in process, then a separate all-remote deployment; each round
         # again, so that calibration and validation see the same machine load
-        cal_passes, cal_steps, _ = record_passes(adapter, calib, args.new_tokens)
+        cal_passes, _, _ = record_passes(adapter, calib, args.new_tokens)
         counts_LE = sum(ps.counts_LE for req in cal_passes for ps in req)
         s_LE = counts_LE / counts_LE.sum(axis=1, keepdims=True)
         p0 = base_problem(adapter, platform, s_LE, n_in, args.new_tokens)
-        cal = calibrate_in_process(cal_steps, L, K)
         with tempfile.TemporaryDirectory(prefix="moefleet-remoe-cal-") as tmp:
-            all_remote = layout_at(calibrated_problem(p0, cal), 1.0, 1)
-            cal_run = measure_plan(all_remote.to_plan(p0, list(shape.moe_layers)), adapter,
-                                   calib, platform=platform, store=open_store(tmp),
-                                   max_tokens=args.new_tokens, workers=args.workers)
-        cal = calibrate(cal, cal_run, num_layers=L, top_k=K, hidden=hidden)
+            cal = calibrate_runtime(adapter, calib, platform=platform, store=open_store(tmp),
+                                    max_tokens=args.new_tokens, workers=args.workers)
         p = replace(metered_prices(calibrated_problem(p0, cal), platform), cold_main_s=0.0,
                     cold_remote_s=0.0)
         print(f"round {k}: calibration {cal.to_dict()}", flush=True)
@@ -238,7 +233,9 @@ def main() -> None:
                    f"--rounds {args.rounds}",
         "ratio_sim_over_runtime": summary, "rounds": rounds,
         "wall_s": time.perf_counter() - t_wall, "cpu_s_driver": time.process_time() - t_cpu,
-        "cpu_s_with_workers": sum(u.ru_utime + u.ru_stime for u in usage),
+        # reaped children only: the local backend's workers are the forkserver's children,
+        # so their CPU time is not in here
+        "cpu_s_driver_and_reaped_children": sum(u.ru_utime + u.ru_stime for u in usage),
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
     }
     write_json_atomic(args.out, out)
