@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from moefleet.errors import MoefleetError
-from moefleet.platform import InvocationRecord, load_platform
 from moefleet.plan.remoe.shapes import Timing, model_dims, problem_for
+from moefleet.platform import InvocationRecord, load_platform
 from moefleet.remoe.calibrate import (
     RemoeCalibration,
     StepTiming,
