@@ -4,7 +4,8 @@ and routing give the same remote calls and token-slots per layer, exactly.
 A 2-layer, 4-expert Mixtral; experts 2 and 3 of each layer remote in a function with 2
 replicas; two prompts, each alone in a main invocation on the local backend. The
 routing of every engine step is recorded in process (``record_passes``) and replayed by
-the simulator with the runtime's dispatch (``split``). Times and costs are compared in
+the simulator with the runtime's dispatch: ``split`` for a plan without LPT groups,
+``lpt`` for one whose group gives each replica its own experts. Times and costs are compared in
 ``benchmarks/remoe_sim_vs_runtime.py``, not here: on a shared machine they are not a
 test's business.
 """
@@ -69,12 +70,25 @@ def test_simulator_makes_the_runtimes_remote_calls(tmp_path: Path) -> None:
     assert sim.slots_by_layer == real_slots == expected_slots
     assert sim.calls_by_layer == real_calls
     assert sim.remote_calls == len(run["remote_records"])
-    # the paper's dispatch (replica j holds LPT group j = expert 2 or 3) calls each group
-    # that got a slot: a decode token routed to both remote experts costs two calls, where
-    # the runtime sends both slots to replica 0 in one
+    assert len(run["main_records"]) == len(prompts)
+
+    # With LPT groups in the plan (replica j serves expert 2 or 3), the runtime calls
+    # each replica that got a slot, as the paper's dispatch does: a decode token routed
+    # to both remote experts costs two calls.
+    lpt_plan = manual_plan(shape, PLATFORM, remote, main_memory_mb=2048,
+                           remote_memory_mb=1024, replicas=2, gpu_gb=1.0,
+                           replica_experts={layer: [[2], [3]] for layer in layers})
+    lpt_run = measure_plan(lpt_plan, adapter, prompts, platform=platform,
+                           store=open_store(str(tmp_path / "store-lpt")), max_tokens=TOKENS,
+                           workers=1)
+    assert [list(r.tokens) for r in lpt_run["results"]] == tokens
+    lpt_calls: dict[int, int] = {}
+    for r in lpt_run["remote_records"]:
+        li = layers.index(r.layer)
+        lpt_calls[li] = lpt_calls.get(li, 0) + 1
     lpt = RemoeSimulator(p, lay, dispatch="lpt").run([0.0, 1e4], passes=passes)
     assert lpt.slots_by_layer == real_slots
-    assert lpt.calls_by_layer == {
+    assert lpt.calls_by_layer == lpt_calls == {
         li: int(sum((ps.counts_LE[li, 2:] > 0).sum() for req in passes for ps in req))
         for li in range(len(layers))}
-    assert len(run["main_records"]) == len(prompts)
+    assert lpt.remote_calls > sim.remote_calls  # the split dispatch merges them
