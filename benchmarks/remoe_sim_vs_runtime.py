@@ -18,8 +18,9 @@ on the local backend): same plans, same requests, same routing.
   by the calibration prompts' routing), 2 replicas per remote function, the smallest
   memory that holds each part;
 - routing: the validated prompts' per-step routing, recorded in process, replayed by the
-  simulator (``passes``), with the runtime's dispatch (``dispatch="split"``: every replica
-  holds the layer's remote experts, each expert's slots cut over the replicas);
+  simulator (``passes``), with the runtime's dispatch: ``lpt`` when the plan's groups
+  carry LPT's replica split (planner plans: each expert's slots to its replica), else
+  ``split`` (each expert's slots cut over the replicas);
 - compared per plan: median TTFT and TPOT, remote calls (total and per layer), remote
   token-slots (the runtime's from its replies' bytes), billed USD of the main function
   and of the remote functions (the platform's meter on the runtime's records; the
@@ -201,14 +202,18 @@ def main() -> None:
                                    store=open_store(tmp), max_tokens=args.new_tokens,
                                    workers=args.workers)
             gran = platform.billing.granularity_ms / 1000.0
+            # the runtime's dispatch: LPT's replica split when the plan's groups carry it
+            lpt = any(g.replica_experts is not None for g in plan.groups)
             simulator = RemoeSimulator(p, result.layout, billing_granularity_s=gran,
-                                       dispatch="split", billed_overhead_s=cal.handler_fixed_s,
+                                       dispatch="lpt" if lpt else "split",
+                                       billed_overhead_s=cal.handler_fixed_s,
                                        keep_alive_s=1e9)
             sim = simulator.run([1e4 * i for i in range(len(valid))], passes=passes)
             row = compare(run, sim, simulator.m.rate_s, hidden, platform,
                           list(shape.moe_layers))
             row["tokens_match_in_process"] = ([list(r.tokens) for r in run["results"]]
                                               == ref_tokens)
+            row["dispatch"] = "lpt" if lpt else "split"
             row["plan"] = {"b": share, "main_memory_mb": plan.main.memory_mb,
                            "gpu_gb": plan.main.gpu_gb,
                            "remote": [[g.layer, len(g.experts), g.memory_mb, g.replicas]
