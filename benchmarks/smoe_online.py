@@ -123,6 +123,7 @@ def main() -> None:
         requests_for,
         run_measured,
         run_simulated,
+        token_counts,
     )
 
     t_all, cpu_all, load0 = time.perf_counter(), time.process_time(), os.getloadavg()
@@ -152,6 +153,7 @@ def main() -> None:
     warm_ids = [f"warm-{i}" for i in range(setup.warmup)]
     batches, trace = requests_for(adapter, [*warm_ids, *(a.request_id for a in arrivals)],
                                   "sharegpt", "train", setup.prompt_tokens)
+    tokens = token_counts(batches)
     profile = profile_for(MODEL)
     plans = pod_plans(sc, MODEL)
     floor = memory_floor(plans[0], profile, memory_options)
@@ -159,22 +161,30 @@ def main() -> None:
     for name, make in makers.items():
         print(f"[{time.strftime('%H:%M:%S')}] {name}: real run ({len(arrivals)} requests, "
               f"{run_s:.0f} s)", flush=True)
+        load_before = os.getloadavg()[0]
         with tempfile.TemporaryDirectory() as tmp:
             log, warm = run_measured(sc, plans, adapter, make(), floor, arrivals, run_s,
                                      batches, warm_ids, tmp, setup)
-        cal, prof = calibrate_local(sc, plans[0], profile, trace, shape.vocab_size, warm,
-                                    setup)
+        cal, prof, caller_s = calibrate_local(sc, plans[0], profile, trace,
+                                              shape.vocab_size, warm, setup, tokens)
+        sim_args = (floor, arrivals, run_s, warm_ids, setup)
         slog, res = run_simulated(sc, plans[0], prof, trace, shape.vocab_size, make(),
-                                  floor, arrivals, run_s, warm_ids, setup, cal)
+                                  *sim_args, cal, tokens, caller_s)
         # the simulator under the decisions the real run applied (controller divergence out)
-        rlog, _ = run_simulated(sc, plans[0], prof, trace, shape.vocab_size,
-                                Replayed([(t - log.t0, n, c) for t, n, c in log.applied],
-                                         sc.interval_s), floor, arrivals, run_s, warm_ids,
-                                setup, cal)
+        replayed = Replayed([(t - log.t0, n, c) for t, n, c in log.applied], sc.interval_s)
+        rlog, _ = run_simulated(sc, plans[0], prof, trace, shape.vocab_size, replayed,
+                                *sim_args, cal, tokens, caller_s)
+        # the round trip paid inside the worker's slot instead (the simulator's warm start)
+        cal_w, prof_w, _ = calibrate_local(sc, plans[0], profile, trace, shape.vocab_size,
+                                           warm, setup, tokens, round_trip_on_slot=True)
+        wlog, _ = run_simulated(sc, plans[0], prof_w, trace, shape.vocab_size, make(),
+                                *sim_args, cal_w, tokens)
         meas, sim = summary(log.records, log, sc.spec), summary(slog.records, slog, sc.spec)
         same = summary(rlog.records, rlog, sc.spec)
+        on_slot = summary(wlog.records, wlog, sc.spec)
         meas.update(decisions_applied=len(log.applied), clamped_platform=log.clamped_platform,
                     clamped_memory_floor=log.clamped_floor, wall_s=log.wall_s,
+                    loadavg_1min=[load_before, os.getloadavg()[0]],
                     driver_cpu_s=log.driver_cpu_s, worker_cpu_s=log.worker_cpu_s,
                     cpu_busy=(log.driver_cpu_s + log.worker_cpu_s) / (os.cpu_count() or 1)
                     / log.wall_s, applied=[(round(t, 2), n, [c.memory_mb, c.replicas,
@@ -185,7 +195,8 @@ def main() -> None:
         rows[name] = {
             "measured": meas, "simulated": sim,
             "calibration": {
-                "warm_start_s": cal.warm_start_s, "cold_start_s": cal.cold_start_s,
+                "caller_overhead_s": caller_s, "cold_start_s": cal.cold_start_s,
+                "warm_start_s_if_on_slot": cal_w.warm_start_s,
                 "call_overhead_1vcpu_s": {
                     "segment": prof.segments[0].batch.overhead_s
                     - profile.segments[0].batch.overhead_s,
@@ -202,6 +213,9 @@ def main() -> None:
                                      "cold_starts", "handler_s_by_kind", "handler_per_call_s")},
             "cost_sim_same_decisions_vs_measured": same["billed_usd"] / meas["billed_usd"],
             "p95_sim_same_decisions_vs_measured": same["p95_s"] / meas["p95_s"],
+            "simulated_round_trip_on_slot": {
+                k: on_slot[k] for k in ("billed_usd", "p95_s", "p50_s", "mean_s")},
+            "p95_sim_round_trip_on_slot_vs_measured": on_slot["p95_s"] / meas["p95_s"],
         }
         r = rows[name]
         r["within_bar"] = all(abs(r[k] - 1) <= BAR for k in ("cost_sim_vs_measured",

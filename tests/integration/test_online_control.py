@@ -69,6 +69,7 @@ def test_online_run_applies_decisions_and_the_simulator_replays_it(tmp_path: Pat
         requests_for,
         run_measured,
         run_simulated,
+        token_counts,
     )
 
     zoo.build(MODEL)
@@ -99,9 +100,15 @@ def test_online_run_applies_decisions_and_the_simulator_replays_it(tmp_path: Pat
     assert late and late[-1].memory_mb == 2048 and any(r.cold for r in late)
     assert {r.memory_mb for r in log.records if r.function == "exp-1-2"} >= {floor["exp-1-2"]}
 
-    cal, prof = calibrate_local(sc, plans[0], profile, trace, s.vocab_size, warm, setup)
-    assert cal.warm_start_s is not None and cal.warm_start_s >= 0
+    tokens = token_counts(batches)
+    cal, prof, caller_s = calibrate_local(sc, plans[0], profile, trace, s.vocab_size, warm,
+                                          setup, tokens)
+    assert caller_s >= 0 and cal.cold_start_s is not None
     sim_log, res = run_simulated(sc, plans[0], prof, trace, s.vocab_size, _Scripted(),
-                                 floor, arrivals, 6.0, warm_ids, setup, cal)
+                                 floor, arrivals, 6.0, warm_ids, setup, cal, tokens, caller_s)
     assert sorted(sim_log.latencies) == sorted(log.latencies)
     assert res.reconfigurations >= 2 and sim_log.clamped_floor == 1
+    # exact routing replay: every request makes as many calls in the simulator as it made
+    # on the backend (pods never split a call, so configurations do not change the count)
+    sim_calls = {rid: sum(r.request_id == rid for r in sim_log.records) for rid in log.calls}
+    assert sim_calls == log.calls

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from moefleet.autoscale.base import (
     AutoscaleError,
     Controller,
+    Decisions,
     FunctionConfig,
     FunctionMetrics,
     MetricsSnapshot,
@@ -43,6 +44,7 @@ from moefleet.platform import InvocationRecord
 from moefleet.runtime.base import FunctionBackend
 
 _log = logging.getLogger(__name__)
+APPLY_DELAY_S = 1.0  # the default delay between a decision and its effect (the harness's)
 
 
 def _p95(values: list[float]) -> float:
@@ -55,7 +57,7 @@ def _p95(values: list[float]) -> float:
 @dataclass(frozen=True)
 class ControlConfig:
     interval_s: float = 10.0
-    apply_delay_s: float = 1.0
+    apply_delay_s: float = APPLY_DELAY_S
     slo_s: float | None = None
     bytes_per_token: int = 0
 
@@ -83,8 +85,8 @@ class MemoryFloor(Controller):
     def initial_state(self) -> PolicyState:
         return self.inner.initial_state()
 
-    def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[
-            dict[str, FunctionConfig], PolicyState]:
+    def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
+                                                                             PolicyState]:
         decisions, state = self.inner.decide(snapshot, state)
         out: dict[str, FunctionConfig] = {}
         for name, cfg in decisions.items():
@@ -98,6 +100,46 @@ class MemoryFloor(Controller):
             if name not in snapshot.functions or snapshot.functions[name].config != cfg:
                 out[name] = cfg
         return out, state
+
+
+class Replayed(Controller):
+    """The decisions a run applied, decided again at the same interval: ``applied`` as
+    (time applied since the replay's start, function, config); a decision applied at
+    ``t`` was taken at the snapshot ``apply_delay_s`` before it. For the simulator, to
+    tell the simulator's error from a controller that saw other snapshots and chose
+    otherwise."""
+
+    name = "replayed"
+
+    def __init__(self, applied: Sequence[tuple[float, str, FunctionConfig]], interval_s: float,
+                 apply_delay_s: float = APPLY_DELAY_S) -> None:
+        self.by_interval: dict[int, dict[str, FunctionConfig]] = {}
+        for t, name, cfg in applied:
+            k = max(1, round((t - apply_delay_s) / interval_s))
+            self.by_interval.setdefault(k, {})[name] = cfg
+        self.interval_s = interval_s
+
+    def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
+                                                                             PolicyState]:
+        k = (state or 0) + 1  # the k-th snapshot of the replay
+        return dict(self.by_interval.get(k, {})), k
+
+
+class Deferred(Controller):
+    """``inner`` from time ``start_s`` on; before it, no decisions and no snapshots reach
+    it (the warm-up before a replay is not the controller's to see)."""
+
+    def __init__(self, inner: Controller, start_s: float) -> None:
+        self.inner, self.start_s, self.name = inner, start_s, inner.name
+
+    def initial_state(self) -> PolicyState:
+        return self.inner.initial_state()
+
+    def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
+                                                                             PolicyState]:
+        if snapshot.t_s <= self.start_s + 1e-9:
+            return {}, state
+        return self.inner.decide(snapshot, state)
 
 
 class ControlLoop:

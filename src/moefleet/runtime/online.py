@@ -36,15 +36,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from moefleet.autoscale.base import AutoscaleError, Controller, FunctionConfig, PolicyState
+from moefleet.autoscale.base import AutoscaleError, Controller, FunctionConfig
 from moefleet.autoscale.smoe.harness import Recorder, Scenario, segment_start
 from moefleet.plan.plan import DeploymentPlan
-from moefleet.runtime.control import ControlConfig, ControlLoop, MemoryFloor
+from moefleet.runtime.control import (
+    APPLY_DELAY_S,
+    ControlConfig,
+    ControlLoop,
+    Deferred,
+    MemoryFloor,
+    Replayed,
+)
 from moefleet.workloads.base import Arrival
 
 EMULATED = ("emulated: local worker processes stand in for OpenFaaS pods (CPU below one "
             "vCPU stretched to its share, one invocation per worker at a time)")
-APPLY_DELAY_S = 1.0  # the harness's apply delay
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,7 @@ class RunLog:
     """One run (measured or simulated) of the replay."""
 
     latencies: dict[str, float] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)  # invocations per request
     records: list[Any] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     applied: list[tuple[float, str, FunctionConfig]] = field(default_factory=list)
@@ -143,46 +150,6 @@ def _worker_cpu_s(pids: Sequence[int]) -> float:
         except (OSError, IndexError, ValueError):
             pass  # a worker that exited: its CPU is lost to the count (stated as a floor)
     return total
-
-
-class Replayed(Controller):
-    """The decisions a run applied, decided again at the same interval: ``applied`` as
-    (time applied since the replay's start, function, config); a decision applied at
-    ``t`` was taken at the snapshot ``apply_delay_s`` before it. For the simulator, to
-    tell the simulator's error from a controller that saw other snapshots and chose
-    otherwise."""
-
-    name = "replayed"
-
-    def __init__(self, applied: Sequence[tuple[float, str, FunctionConfig]], interval_s: float,
-                 apply_delay_s: float = APPLY_DELAY_S) -> None:
-        self.by_interval: dict[int, dict[str, FunctionConfig]] = {}
-        for t, name, cfg in applied:
-            k = max(1, round((t - apply_delay_s) / interval_s))
-            self.by_interval.setdefault(k, {})[name] = cfg
-        self.interval_s = interval_s
-
-    def decide(self, snapshot: Any, state: PolicyState) -> tuple[dict[str, FunctionConfig],
-                                                                 PolicyState]:
-        k = (state or 0) + 1  # the k-th snapshot of the replay
-        return dict(self.by_interval.get(k, {})), k
-
-
-class Deferred(Controller):
-    """``inner`` from time ``start_s`` on; before it, no decisions and no snapshots reach
-    it (the warm-up before a replay is not the controller's to see)."""
-
-    def __init__(self, inner: Controller, start_s: float) -> None:
-        self.inner, self.start_s, self.name = inner, start_s, inner.name
-
-    def initial_state(self) -> PolicyState:
-        return self.inner.initial_state()
-
-    def decide(self, snapshot: Any, state: PolicyState) -> tuple[dict[str, FunctionConfig],
-                                                                 PolicyState]:
-        if snapshot.t_s <= self.start_s + 1e-9:
-            return {}, state
-        return self.inner.decide(snapshot, state)
 
 
 def run_measured(sc: Scenario, plans: tuple[DeploymentPlan, DeploymentPlan], adapter: Any,
@@ -232,6 +199,7 @@ def run_measured(sc: Scenario, plans: tuple[DeploymentPlan, DeploymentPlan], ada
                     loop.request_finished(float("inf"))
                     return
                 log.latencies[a.request_id] = res.latency_s
+                log.calls[a.request_id] = len(res.records)
                 log.records.extend(res.records)
                 loop.request_finished(res.latency_s, res.records, a.request_id)
 
@@ -263,7 +231,7 @@ def run_measured(sc: Scenario, plans: tuple[DeploymentPlan, DeploymentPlan], ada
 
 def _sim(sc: Scenario, plan: DeploymentPlan, profile: Any, trace: Any, vocab: int,
          policy: Controller | None, arrivals: list[Arrival], duration_s: float,
-         setup: OnlineSetup, cal: Any = None) -> tuple[Any, list[Any]]:
+         setup: OnlineSetup, cal: Any = None, caller_s: float = 0.0) -> tuple[Any, list[Any]]:
     """(the simulated result, its invocation records)."""
     from moefleet.sim import Calibration, SimConfig, Simulator, apply_calibration
     from moefleet.sim.routing import TraceRowRouter
@@ -275,7 +243,8 @@ def _sim(sc: Scenario, plan: DeploymentPlan, profile: Any, trace: Any, vocab: in
         scaling="replicas", keep_alive_s=1e9, prompt_tokens=setup.prompt_tokens,
         slo_s=sc.slo_s, interval_s=sc.interval_s, apply_delay_s=APPLY_DELAY_S,
         node_slots=setup.workers, keep_records=True, keep_requests=True,
-        result_bytes_per_token=4 * vocab), local)  # the last segment returns fp32 logits
+        result_bytes_per_token=4 * vocab, caller_overhead_s=caller_s),
+        local)  # the last segment returns fp32 logits
     if cal is not None:
         spec, cfg = apply_calibration(spec, cfg, cal)
     sim = Simulator(plan, profile, spec, router=TraceRowRouter(trace), config=cfg,
@@ -284,9 +253,16 @@ def _sim(sc: Scenario, plan: DeploymentPlan, profile: Any, trace: Any, vocab: in
     return res, list(sim.meter.records) if sim.meter is not None else []
 
 
-def _warm_arrivals(warmup_ids: Sequence[str], setup: OnlineSetup) -> list[Arrival]:
-    return [Arrival(i * setup.warmup_gap_s, rid, setup.prompt_tokens)
+def _warm_arrivals(warmup_ids: Sequence[str], setup: OnlineSetup,
+                   tokens: dict[str, int]) -> list[Arrival]:
+    return [Arrival(i * setup.warmup_gap_s, rid, tokens.get(rid, setup.prompt_tokens))
             for i, rid in enumerate(warmup_ids)]
+
+
+def token_counts(batches: dict[str, tuple[Any, Any]]) -> dict[str, int]:
+    """Real (unpadded) tokens per request: the simulator replays a request's recorded
+    routing exactly only when its pass has the recorded token count."""
+    return {rid: int(mask.sum()) for rid, (_, mask) in batches.items()}
 
 
 def with_call_overhead(profile: Any, overhead_1cpu_s: dict[str, float]) -> Any:
@@ -304,55 +280,68 @@ def with_call_overhead(profile: Any, overhead_1cpu_s: dict[str, float]) -> Any:
 
 
 def calibrate_local(sc: Scenario, plan: DeploymentPlan, profile: Any, trace: Any, vocab: int,
-                    warm: Sequence[tuple[str, float, list[Any]]], setup: OnlineSetup
-                    ) -> tuple[Any, Any]:
-    """(calibration, profile) from the warm-up requests only. Per kind, the handler time
-    the profile does not explain (:func:`moefleet.sim.calibrate`) is measured at the
-    warm-up's CPU share ``v`` and moved into the profile as ``gap * v`` seconds per call
-    at one vCPU (:func:`with_call_overhead`); cold start is the measured INIT; then the
-    per-call round trip (``warm_start_s``) is bisected until the simulated mean latency
-    of the warm requests (all but the first, cold one) equals the measured one."""
+                    warm: Sequence[tuple[str, float, list[Any]]], setup: OnlineSetup,
+                    tokens: dict[str, int], *, round_trip_on_slot: bool = False
+                    ) -> tuple[Any, Any, float]:
+    """(calibration, profile, caller seconds per call) from the warm-up requests only.
+    Per kind, the handler time the profile does not explain (:func:`moefleet.sim.calibrate`)
+    is measured at the warm-up's CPU share ``v`` and moved into the profile as ``gap * v``
+    seconds per call at one vCPU (:func:`with_call_overhead`); cold start is the measured
+    INIT; then the per-call round trip outside the handler is bisected until the
+    simulated mean latency of the warm requests (all but the first, cold one) equals the
+    measured one: as ``caller_overhead_s`` (the caller's own work: holds no worker), or
+    with ``round_trip_on_slot`` as ``warm_start_s`` (paid inside the worker's slot)."""
     from dataclasses import replace
 
     from moefleet.sim import MeasuredRun, calibrate
 
-    arr = _warm_arrivals([rid for rid, _, _ in warm], setup)
+    arr = _warm_arrivals([rid for rid, _, _ in warm], setup, tokens)
     dur = arr[-1].t_s + setup.warmup_gap_s
     bare, _ = _sim(sc, plan, profile, trace, vocab, None, arr, dur, setup)
     cal = calibrate(MeasuredRun([lat for _, lat, _ in warm], [r for *_, rs in warm for r in rs]),
                     bare, serial=False)
     share = {f.role: min(1.0, sc.spec.vcpus(f.memory_mb)) for f in plan.placement().functions}
     gaps = cal.call_overhead_s if isinstance(cal.call_overhead_s, dict) else {}
-    prof = with_call_overhead(profile, {k: g * share.get(k, 1.0) for k, g in gaps.items()})
-    cal = replace(cal, call_overhead_s=0.0)
+    # The simulator computes (profile law) only in a segment's ``pre`` call, one per block
+    # and request; its ``post`` calls would get none: put all segment calls' gap there.
+    recs = [r for _, _, rs in warm for r in rs]
+    pre_share = {"segment": sum(r.kind == "segment" for r in recs)
+                 / (len(warm) * len(profile.segments))}
+    prof = with_call_overhead(profile, {k: g * share.get(k, 1.0) * pre_share.get(k, 1.0)
+                                        for k, g in gaps.items()})
+    cal = replace(cal, call_overhead_s=0.0, warm_start_s=0.0)
     target = statistics.fmean(lat for _, lat, _ in warm[1:])
     ids = {rid for rid, _, _ in warm[1:]}
     lo, hi = 0.0, 0.05
     for _ in range(16):
         mid = (lo + hi) / 2
-        res, _ = _sim(sc, plan, prof, trace, vocab, None, arr, dur, setup,
-                      replace(cal, warm_start_s=mid))
+        res, _ = (_sim(sc, plan, prof, trace, vocab, None, arr, dur, setup,
+                       replace(cal, warm_start_s=mid)) if round_trip_on_slot else
+                  _sim(sc, plan, prof, trace, vocab, None, arr, dur, setup, cal, mid))
         got = statistics.fmean(r["latency_s"] for r in res.request_log if r["request_id"] in ids)
         lo, hi = (mid, hi) if got < target else (lo, mid)
-    return replace(cal, warm_start_s=(lo + hi) / 2), prof
+    rt = (lo + hi) / 2
+    return (replace(cal, warm_start_s=rt), prof, 0.0) if round_trip_on_slot else (cal, prof, rt)
 
 
 def run_simulated(sc: Scenario, plan: DeploymentPlan, profile: Any, trace: Any, vocab: int,
                   controller: Controller | None, floor: dict[str, int],
                   arrivals: Sequence[Arrival], duration_s: float, warmup_ids: Sequence[str],
-                  setup: OnlineSetup, cal: Any) -> tuple[RunLog, Any]:
+                  setup: OnlineSetup, cal: Any, tokens: dict[str, int],
+                  caller_s: float = 0.0) -> tuple[RunLog, Any]:
     """The simulator's prediction of :func:`run_measured`: the same warm-up, then the
     replay from the next control-interval boundary, under the same controller (a
     :class:`Replayed` one already holds the floor and the segment start)."""
-    warm = _warm_arrivals(warmup_ids, setup)
+    warm = _warm_arrivals(warmup_ids, setup, tokens)
     start = math.ceil((warm[-1].t_s + setup.warmup_gap_s) / sc.interval_s) * sc.interval_s
     replayed = isinstance(controller, Replayed)
     inner = MemoryFloor(controller, floor) if controller is not None and not replayed else (
         controller)
     rec = Recorder(inner, sc.price_per_s, None if replayed else segment_start(sc))
-    shifted = [Arrival(start + a.t_s, a.request_id, a.prompt_tokens) for a in arrivals]
+    shifted = [Arrival(start + a.t_s, a.request_id, tokens.get(a.request_id, a.prompt_tokens))
+               for a in arrivals]
     res, records = _sim(sc, plan, profile, trace, vocab, Deferred(rec, start),
-                        [*warm, *shifted], start + duration_s, setup, cal)
+                        [*warm, *shifted], start + duration_s, setup, cal, caller_s)
     ids = {a.request_id for a in arrivals}
     log = RunLog(latencies={r["request_id"]: r["latency_s"] for r in res.request_log
                             if r["request_id"] in ids},
