@@ -32,7 +32,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,7 +209,7 @@ def run_measured(sc: Scenario, plans: tuple[DeploymentPlan, DeploymentPlan], ada
             log.t0 = t0
             todo = sorted(arrivals, key=lambda a: a.t_s)
             with ThreadPoolExecutor(64, thread_name_prefix="online-req") as pool:
-                futures = []
+                futures: list[Future[None]] = []
                 while todo or clock() - t0 < duration_s or not all(f.done() for f in futures):
                     while todo and todo[0].t_s <= clock() - t0:
                         futures.append(pool.submit(serve, todo.pop(0)))
@@ -364,11 +364,13 @@ def requests_for(adapter: Any, request_ids: Sequence[str], dataset: str, split: 
 
     prompts = load_prompts(dataset, split=split)
     texts = [prompts[i % len(prompts)].text for i in range(len(request_ids))]
-    budget = {"max_tokens": len(request_ids) * prompt_tokens, "max_length": prompt_tokens}
-    made = make_batches(adapter, list(request_ids), texts, batch_size=1, **budget)
+    max_tokens = len(request_ids) * prompt_tokens
+    made = make_batches(adapter, list(request_ids), texts, batch_size=1,
+                        max_tokens=max_tokens, max_length=prompt_tokens)
     if len(made) != len(request_ids):
         raise AutoscaleError(f"{dataset}: {len(made)} of {len(request_ids)} prompts "
                              "tokenised to a request", "use a dataset with non-empty prompts")
     batches = {rids[0]: (ids_BT, mask) for ids_BT, mask, rids in made}
-    trace = record_routing(adapter, list(request_ids), texts, attention_ids=False, **budget)
+    trace = record_routing(adapter, list(request_ids), texts, attention_ids=False,
+                           max_tokens=max_tokens, max_length=prompt_tokens)
     return batches, trace
