@@ -10,7 +10,8 @@ one, ``--train-budget S`` trains one for S seconds first; otherwise it is an err
 
 Replay: the harness's window selection (the first held-out window of ``--pattern``,
 arrivals rescaled to the checkpoint's mean rate, seed 0), thinned to ``--keep`` of the
-arrivals (seeded) and compressed ``--compress`` x in time. Controllers (``--controllers``):
+arrivals (seeded) and compressed ``--compress`` x in time (defaults 1/24 and 6: a
+10-minute window in 100 s, 95 requests). Controllers (``--controllers``):
 ``smoe`` (the best-validated actor: what ``autoscale eval`` uses), ``smoe-latest`` (the
 last actor, which moves), ``static`` (the starting plan: the reference). Each runs on a
 fresh deployment: 12 serial warm-up requests (which calibrate the simulator), then the
