@@ -45,7 +45,7 @@ def _snapshot(dag: PipelineDAG, shares: dict[str, float], config: FunctionConfig
     for v, name in enumerate(dag.names):
         expert = dag.kinds[v] == "expert"
         share = shares.get(name, 0.0) if expert else 0.0
-        tok = int(round(share * layer_tokens))
+        tok = round(share * layer_tokens)
         fm[name] = FunctionMetrics(
             name=name, kind="expert" if expert else "segment", layer=int(name.split("-")[1]),
             expert=int(name.split("-")[2]) if expert else None,

@@ -2,8 +2,8 @@
 
 One rule (:class:`PopRule`) turns an expert function's *load factor* (its token share
 within its MoE layer x the layer's number of expert functions; 1.0 = a uniform share)
-into replicas: ``clamp(round(rho x load), 1, max_replicas)`` (rounded half up). Memory stays the starting
-plan's, expert concurrency is 1, and every segment function gets ``segment``. So
+into replicas: ``clamp(round(rho x load), 1, max_replicas)`` (half up). Memory stays
+the starting plan's, expert concurrency is 1, and every segment function gets ``segment``. So
 ``rho`` is the replicas a function of mean popularity gets; a hot expert gets more than
 a cold one, and only where the rule says so.
 
