@@ -183,7 +183,8 @@ def load_checkpoint(path: str | Path, *, expect_setup: TrainSetup | None = None,
     if expect_space is not None and expect_space.fingerprint() != st["space_id"]:
         raise AutoscaleError(f"checkpoint {p} was trained for another configuration space "
                              f"({st['space']})", "use the same space or retrain")
-    spec = ActorSpec(**{"stay_prior": 0.0, **st["spec"]})  # older checkpoints: none
+    # Older checkpoints have no stay prior and no skip connection.
+    spec = ActorSpec(**{"stay_prior": 0.0, "skip": False, **st["spec"]})
     sc, agent = new_agent(setup, space, spec, DDPGConfig(**st["ddpg"]), seed=0)
     if agent.dag.fingerprint() != st["dag"]:
         raise AutoscaleError(f"checkpoint {p} is for pipeline {st['dag']}, this model builds "
