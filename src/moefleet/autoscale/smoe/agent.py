@@ -323,7 +323,9 @@ class SmoeController(AutoscalePolicy):
         x_NF, peak_N = node_features(ag.dag, snapshot, self.slo_s, self.options)
         valid_NC = ag.space.valid_mask(torch.tensor(ag.dag.param_bytes), peak_N,
                                        ag.dag.bytes_per_token)
-        prev, b_state, t_state = state if isinstance(state, tuple) else (state, None, None)
+        # (prev, behaviour state, teacher state); shorter tuples are older states.
+        parts = state if isinstance(state, tuple) else (state,)
+        prev, b_state, t_state = (*parts, None, None)[:3]
         if self.learn and isinstance(prev, _Prev):
             r_G = group_rewards(ag.dag, snapshot, self.slo_s, self.price_per_s, ag.cfg)
             self.log.rewards.append(float(r_G.sum()))
