@@ -11,6 +11,13 @@ side by side in one run, one thread.
     python benchmarks/brownout_throughput.py [--requests 48] [--rates 2,8,1000]
 writes benchmarks/results/brownout_throughput.json (``speedup_vs_zero`` per
 configuration, path and rate) and brownout_throughput.png.
+
+A separate profile pass (all requests at once, loop kernel) times the expert path (the
+ExpertFn the engine calls, brownout routing included) and counts expert accesses per
+MoE layer call, so the JSON also gives ``expert_share`` (expert path / step time),
+``expert_path_speedup`` and the Amdahl ceiling ``1 / ((1 - f) + f / s)`` that the
+expert-path speedup ``s`` allows when the expert path is a share ``f`` of zero
+brownout's step time.
 """
 
 from __future__ import annotations
@@ -42,6 +49,58 @@ def prompts(tok, n: int, max_prompt: int) -> list[list[int]]:
     rng = np.random.default_rng(0)
     order = rng.permutation(len(texts))[:n]
     return [tok.encode(texts[i])[:max_prompt] or [0] for i in order]
+
+
+class TimedExperts:
+    """Times an ExpertFn and counts the distinct experts each layer call routes to."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.seconds, self.calls, self.routed = inner, 0.0, 0, 0
+
+    def __call__(self, layer, x_ND, ids_NK, w_NK):
+        t0 = time.perf_counter()
+        y = self.inner(layer, x_ND, ids_NK, w_NK)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        self.routed += int(torch.unique(ids_NK).numel())
+        return y
+
+
+def profile_pass(adapter, ids, params, max_wall: float) -> list[dict]:
+    """Expert-path time and accesses at overload, loop kernel, per configuration."""
+    arrivals = [(0.0, p, params) for p in ids]
+    rows = []
+    for ways, th in CONFIGS:
+        timers: list[TimedExperts] = []
+
+        def wrap(fn, timers=timers):
+            timers.append(TimedExperts(fn))
+            return timers[-1]
+
+        engine, experts, _ = brownout_engine(adapter, ways=ways, threshold=th, kernel="loop",
+                                             wrap=wrap)  # type: ignore[arg-type]
+        t0 = time.perf_counter()
+        replay(engine, arrivals, max_wall_s=max_wall)
+        wall = time.perf_counter() - t0
+        tm = timers[0]
+        if experts is not None:
+            st = experts.stats
+            accesses = (st.original_accesses + st.united_accesses) / max(st.calls, 1)
+        else:
+            accesses = tm.routed / max(tm.calls, 1)
+        rows.append({"ways": ways or "zero", "threshold": th, "wall_s": wall,
+                     "expert_path_s": tm.seconds, "expert_share": tm.seconds / wall,
+                     "experts_routed_per_layer_call": tm.routed / max(tm.calls, 1),
+                     "expert_accesses_per_layer_call": accesses})
+        print(json.dumps(rows[-1]), flush=True)
+    zero = rows[0]
+    f = zero["expert_share"]
+    for r in rows:
+        s = zero["expert_path_s"] / r["expert_path_s"]
+        r["expert_path_speedup"] = s
+        r["speedup_vs_zero"] = zero["wall_s"] / r["wall_s"]
+        r["amdahl_ceiling"] = 1 / ((1 - f) + f / s)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         zero = next(z for z in rows if z["rate"] == r["rate"] and z["kernel"] == r["kernel"]
                     and z["ways"] == "zero")
         r["speedup_vs_zero"] = r["tokens_per_s"] / zero["tokens_per_s"]
+    profile = profile_pass(adapter, ids, params, a.max_wall)
     res = {"model": a.model, "requests": len(ids), "output_tokens": a.output,
-           "max_prompt": a.max_prompt, "torch_threads": 1, "rows": rows}
+           "max_prompt": a.max_prompt, "torch_threads": 1, "rows": rows,
+           "profile_overload_loop": profile}
     RESULTS.mkdir(exist_ok=True)
     write_text_atomic(RESULTS / "brownout_throughput.json",
                       json.dumps(res, indent=2, sort_keys=True) + "\n")

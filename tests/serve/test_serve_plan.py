@@ -27,16 +27,8 @@ PROMPTS = ["The old castle stood", "A river ran", "Nobody lived in the"]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from moefleet.models.tiny import small_mixtral
-    from moefleet.models.tokenizers import gpt2_tokenizer
-
-    tok = gpt2_tokenizer()
-    model = small_mixtral(vocab_size=len(tok))
-    out = tmp_path_factory.mktemp("models") / "tiny-mixtral-2x4"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+def model_dir(small_mixtral_dir: Path) -> Path:
+    return small_mixtral_dir
 
 
 def _plan(path: Path, model: str) -> Path:

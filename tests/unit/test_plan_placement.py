@@ -49,3 +49,14 @@ def test_function_fields_are_checked() -> None:
         PlacedFunction("main", "main", 0, 256)
     with pytest.raises(ValueError, match=">= 1"):
         PlacedFunction("exp-0-0", "expert", 0, 0, (0,))
+
+
+def test_group_names_stay_short_and_distinct() -> None:
+    from moefleet.plan.placement import MAX_NAME, expert_name
+
+    assert expert_name(0, (2, 3)) == "exp-0-2_3"
+    assert expert_name(0, tuple(range(32))) == "exp-0-0to31"
+    assert expert_name(1, (0, 1, 2, 5, 7, 8, 9)) == "exp-1-0to2_5_7to9"
+    evens, odds = tuple(range(0, 64, 2)), tuple(range(1, 64, 2))
+    names = {expert_name(3, evens), expert_name(3, odds), expert_name(3, evens[:-1])}
+    assert len(names) == 3 and all(len(n) <= MAX_NAME for n in names)

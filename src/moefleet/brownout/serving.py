@@ -3,6 +3,7 @@
     engine, experts, hook = brownout_engine(adapter, ways=8, threshold=0.4)
     engine, experts, hook = brownout_engine(adapter, ways=8, salc=SALC(0.5, 0.1))
 
+``wrap`` (optional) wraps the ExpertFn the engine calls, e.g. to time the expert path.
 ``ways=None`` gives the plain engine (zero brownout) with the same kernel, so
 comparisons differ only in routing. United experts come from the distillation cache
 (distilled on first use, then loaded).
@@ -10,6 +11,7 @@ comparisons differ only in routing. United experts come from the distillation ca
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from moefleet.brownout.control import BrownoutControl
@@ -20,18 +22,19 @@ from moefleet.brownout.salc import SALC
 from moefleet.brownout.united import UnitedExperts
 from moefleet.engine import Engine
 from moefleet.engine.build import build_engine
-from moefleet.models.base import MoEModelAdapter
+from moefleet.models.base import ExpertFn, MoEModelAdapter
 from moefleet.models.local_experts import Kernel, local_experts
 
 
 def brownout_engine(adapter: MoEModelAdapter, *, ways: int | None, grouping: str = "index",
                     threshold: float = 1.0, mode: str = "partial", salc: SALC | None = None,
                     kernel: Kernel = "auto", distill_config: DistillConfig | None = None,
-                    **engine_kw: Any
+                    wrap: Callable[[ExpertFn], ExpertFn] | None = None, **engine_kw: Any
                     ) -> tuple[Engine, BrownoutExperts | None, SALCHook | None]:
     inner = local_experts(adapter, kernel)
+    outer = wrap or (lambda fn: fn)  # e.g. a profiler around whatever the engine calls
     if ways is None:
-        return build_engine(adapter, experts=inner, **engine_kw), None, None
+        return build_engine(adapter, experts=outer(inner), **engine_kw), None, None
     if mode == "full":  # drops rare experts' pairs: groups are not used, nothing to distill
         groups: Grouping | UnitedExperts = Grouping(
             ways, "index", {layer: index_groups(adapter.num_experts(layer), ways)
@@ -40,7 +43,7 @@ def brownout_engine(adapter: MoEModelAdapter, *, ways: int | None, grouping: str
         groups = distill(adapter, ways, grouping, distill_config or DistillConfig())
     experts = BrownoutExperts(inner, groups, threshold, mode)
     hook = SALCHook(BrownoutControl(salc, experts)) if salc is not None else None
-    engine = build_engine(adapter, experts=experts, hooks=[hook] if hook else None,
+    engine = build_engine(adapter, experts=outer(experts), hooks=[hook] if hook else None,
                           **engine_kw)
     return engine, experts, hook
 

@@ -31,8 +31,10 @@ def distill_cmd(
     model: Annotated[str, typer.Option(help="Zoo name or checkpoint (e.g. tiny-moe-lm-e32).")],
     ways: Annotated[str, typer.Option(help="Experts per united expert, e.g. 2,4,8.")] = "2,4,8",
     grouping: Annotated[str, typer.Option(help="index (the paper) or similarity.")] = "index",
-    calib_tokens: Annotated[int, typer.Option(help="Calibration tokens (1..1M).")] = 1024,
-    max_epochs: Annotated[int, typer.Option(help="Epoch cap per united expert (1..1000).")] = 12,
+    calib_tokens: Annotated[int, typer.Option(help="Calibration tokens (1..1M).")] = 32768,
+    max_epochs: Annotated[int, typer.Option(help="Epoch cap per united expert (1..1000).")] = 40,
+    max_pairs: Annotated[int, typer.Option(
+        help="Routed pairs kept per member expert (1..1M).")] = 4096,
     force: Annotated[bool, typer.Option(help="Distill again even if cached.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Reports as JSON on stdout.")] = False,
 ) -> None:
@@ -53,11 +55,14 @@ def distill_cmd(
             raise BrownoutError(f"--calib-tokens {calib_tokens} is out of range", "use 1..1000000")
         if not 1 <= max_epochs <= 1000:
             raise BrownoutError(f"--max-epochs {max_epochs} is out of range", "use 1..1000")
+        if not 1 <= max_pairs <= 1_000_000:
+            raise BrownoutError(f"--max-pairs {max_pairs} is out of range", "use 1..1000000")
         adapter = load_with_progress(model, as_json)
         for k in ways_list:
             for layer in adapter.moe_layers:
                 check_ways(k, adapter.num_experts(layer))
-        cfg = DistillConfig(calib_tokens=calib_tokens, max_epochs=max_epochs)
+        cfg = DistillConfig(calib_tokens=calib_tokens, max_epochs=max_epochs,
+                            max_pairs_per_expert=max_pairs)
         plain = not err_console.is_terminal
         for k in ways_list:
             with progress() as bar:

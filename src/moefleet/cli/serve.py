@@ -23,7 +23,9 @@ def serve_cmd(
         help="require 'Authorization: Bearer KEY' on /v1/* (or set MOEFLEET_API_KEY)")] = None,
     served_name: Annotated[str | None, typer.Option(
         help="model name clients send (default: the model's name)")] = None,
-    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N")] = "cpu",
+    device: Annotated[str, typer.Option(
+        help="auto, cpu, cuda or cuda:N (auto: CUDA where torch sees a GPU; with a Remoe "
+             "plan, only if its main function has a GPU)")] = "auto",
     max_num_seqs: Annotated[int, typer.Option(help="sequences per engine step")] = 64,
     max_waiting: Annotated[int, typer.Option(
         help="waiting requests before new ones get 503 + Retry-After")] = 256,
@@ -125,6 +127,10 @@ def serve_cmd(
                 raise MoefleetError(f"unknown backend {backend!r}",
                                     f"available backends: {', '.join(backend_names())}")
             the_plan = DeploymentPlan.load(plan)  # before loading: a bad plan fails fast
+            if the_plan.main is not None:
+                from moefleet.remoe.main_model import main_device
+
+                main_device(the_plan.main.gpu_gb, device)
         adapter = load_adapter(model)
         experts = None
         if the_plan is not None:
@@ -190,9 +196,14 @@ def _serve_plan(plan: Any, adapter: Any, model: str, backend: str, store: str | 
                                 device=device, max_num_seqs=max_num_seqs) as d:
             app = create_app(d.engine, biller=d.biller, **app_kw)
             served = True
-            n = len(d.session.deployment.functions)
+            n = d.functions
+            role = ""
+            if plan.main is not None:
+                gpu = d.biller.main.gpu if d.biller.main is not None else "none"
+                role = (f"; this process is the main function (non-experts on {d.device}, "
+                        f"GPU {gpu})")
             err_console.print(
-                f"deployed {plan.model} as {n} functions on {backend} ({plan.platform}); "
+                f"deployed {plan.model} as {n} functions on {backend} ({plan.platform}){role}; "
                 f"serving {app_kw['model_name']!r} on http://{host}:{port} (API key "
                 f"{'required' if app_kw['api_key'] else 'off'}); Ctrl-C stops and tears "
                 "down", highlight=False)

@@ -18,7 +18,10 @@ MAX_NUM_SEQS = 1024  # bounds what a user number can allocate (rows of one step)
 
 
 def resolve_device(device: str) -> torch.device:
-    """``cpu``, ``cuda`` or ``cuda:N``; CUDA only where torch sees a GPU."""
+    """``auto`` (CUDA where torch sees a GPU, else the CPU), ``cpu``, ``cuda`` or
+    ``cuda:N``; CUDA only where torch sees a GPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cpu":
         return torch.device("cpu")
     if device.startswith("cuda"):
@@ -26,7 +29,7 @@ def resolve_device(device: str) -> torch.device:
             raise EngineError(f"device {device!r} requested but torch sees no CUDA GPU here",
                               "use --device cpu")
         return torch.device(device)
-    raise EngineError(f"unknown device {device!r}", "use cpu, cuda or cuda:N")
+    raise EngineError(f"unknown device {device!r}", "use auto, cpu, cuda or cuda:N")
 
 
 def check_engine_args(device: str, max_num_seqs: int, max_num_batched_tokens: int = 2048

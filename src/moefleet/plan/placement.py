@@ -6,7 +6,7 @@ the simulator read it instead of re-deriving names from the plan. Every function
 
     segment  one per block: attention, norms, gate, dense/shared MLPs (``seg-<block>``);
     expert   the routed experts it holds in one MoE layer (``exp-<layer>-<i>`` for one
-             expert, ``exp-<layer>-<i>_<j>_...`` for a group);
+             expert, ``exp-<layer>-<i>_<j>_...`` for a group, see :func:`expert_name`);
     main     at most one: the loop itself (non-experts, KV cache, local experts).
 
 Invariants (checked on construction): names are unique; one segment per block, in block
@@ -17,6 +17,7 @@ need them (Remoe) add a field to the plan, not a new derivation.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -29,8 +30,30 @@ def segment_name(block: int) -> str:
     return f"seg-{block}"
 
 
+MAX_NAME = 40  # platforms cap names (Lambda: 64 with moefleet's prefix and a namespace)
+
+
 def expert_name(layer: int, experts: tuple[int, ...]) -> str:
-    return f"exp-{layer}-" + "_".join(str(e) for e in experts)
+    """``exp-<layer>-<ids>``: ids joined by ``_``, runs of three or more consecutive ids
+    written ``<first>to<last>`` (a 32-expert group is ``exp-0-0to31``); a set that still
+    makes the name longer than :data:`MAX_NAME` is named by its size and a digest of its
+    ids (``exp-3-g17-<10 hex>``). Deterministic, and distinct for distinct sets."""
+    parts: list[str] = []
+    i = 0
+    while i < len(experts):
+        j = i
+        while j + 1 < len(experts) and experts[j + 1] == experts[j] + 1:
+            j += 1
+        if j - i >= 2:
+            parts.append(f"{experts[i]}to{experts[j]}")
+        else:
+            parts.extend(str(e) for e in experts[i:j + 1])
+        i = j + 1
+    name = f"exp-{layer}-" + "_".join(parts)
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha1(",".join(map(str, experts)).encode()).hexdigest()[:10]
+    return f"exp-{layer}-g{len(experts)}-{digest}"
 
 
 @dataclass(frozen=True)

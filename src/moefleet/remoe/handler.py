@@ -1,11 +1,12 @@
 """Remoe's main function: the generation engine inside one function invocation.
 
 Cold start (``main_handler``): read the deployment (``config["deployment"]``, a key in the
-object store), build the model skeleton, load every block's non-expert weights and the
-local experts (every expert no expert group holds, ``plan.local_experts``), and allocate
-the KV cache; the weights plus the cache must fit ``memory_mb``. The device is the CPU:
-no backend here runs GPU functions, so a plan's GPU main function runs on CPU and its GPU
-price is applied to the measured time by whoever bills it ("GPU emulated").
+object store), load what the main function holds (:class:`~.main_model.MainModel`: every
+block's non-expert weights and the local experts, every expert no expert group holds),
+and allocate the KV cache; the weights plus the cache must fit ``memory_mb``. Device
+(``config["device"]``, default ``auto``): the non-experts and the cache on CUDA when the
+plan gives the main function a GPU and the instance has one; otherwise the CPU, and whoever
+bills it applies the plan's GPU price to the measured time ("GPU emulated").
 
 Per invocation (a :class:`~moefleet.remoe.messages.Generate`): a fresh engine (scheduler,
 greedy sampler) over the instance's runner and cache runs the batch's prefill and decode
@@ -17,36 +18,22 @@ local experts run here while its remote experts run in the layer's group functio
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
-from torch import nn
 
 from moefleet.engine.engine import Engine, merge_into
 from moefleet.engine.request import RequestOutput, SamplingParams
 from moefleet.engine.runner import LocalRunner
+from moefleet.remoe.main_model import MainModel
 from moefleet.remoe.messages import Generate, Result
-from moefleet.remoe.split import held_experts, split_experts
-from moefleet.runtime import weights
-from moefleet.runtime.deploy import Deployment
 from moefleet.runtime.errors import FunctionError
 from moefleet.runtime.handlers import MB, CallContext, Handler, InitContext
 from moefleet.runtime.messages import Warm, decode, encode
 from moefleet.runtime.payload import pack, unpack
 
 DEFAULT_KV_MB = 64
-
-
-def _get(store: Any, key: str, function: str) -> bytes:
-    from moefleet.platform import ObjectNotFoundError
-
-    try:
-        return bytes(store.get(key))
-    except ObjectNotFoundError:
-        raise FunctionError(f"{function}: object {key!r} is missing from {store.url}",
-                            "deploy the plan again (its weights are uploaded then)") from None
 
 
 class MainFunction:
@@ -56,42 +43,19 @@ class MainFunction:
         if init.store is None:
             raise FunctionError(f"{init.function}: needs an object store",
                                 "configure the backend store")
-        store, self.function = init.store, init.function
-        self.dep = Deployment.from_dict(
-            json.loads(_get(store, str(config["deployment"]), self.function)),
-            f"{config['deployment']}")
-        layout = self.dep.layout
-        adapter = weights.build_skeleton(_get(store, layout.skeleton, self.function))
-        nbytes = 0
-        for block in range(adapter.num_layers):
-            tensors = weights.from_bytes(_get(store, layout.segments[block], self.function))
-            nbytes += weights.module_bytes(tensors)
-            weights.assign_tensors(adapter.model, tensors)
-        self.local: dict[int, dict[int, nn.Module]] = {}
-        self.is_local: dict[int, torch.Tensor] = {}
-        for layer in self.dep.moe_layers:
-            local = self.dep.plan.local_experts(layer)
-            keep_E = torch.zeros(adapter.num_experts(layer), dtype=torch.bool)
-            keep_E[local] = True
-            self.is_local[layer] = keep_E
-            self.local[layer] = {}
-            for e in local:
-                tensors = weights.from_bytes(_get(store, layout.expert_key(layer, e),
-                                                  self.function))
-                nbytes += weights.module_bytes(tensors)
-                self.local[layer][e] = weights.load_expert(adapter, layer, e, tensors)
+        self.function = init.function
+        self.main = MainModel.from_store(str(config["deployment"]), init.store,
+                                         self.function, device=str(config.get("device",
+                                                                              "auto")))
+        self.dep, self.is_local = self.main.dep, self.main.is_local
         kv_bytes = int(config.get("kv_mb", DEFAULT_KV_MB)) * MB
-        if nbytes + kv_bytes > init.memory_mb * MB:
-            raise FunctionError(
-                f"{self.function}: non-expert and local-expert weights ({nbytes / MB:.1f} MB)"
-                f" plus the KV cache ({kv_bytes / MB:.0f} MB) exceed memory_mb="
-                f"{init.memory_mb}", "give the main function more memory in the plan")
-        self.weight_bytes = nbytes
+        self.main.check_memory(init.memory_mb, kv_bytes, self.function)
+        self.weight_bytes = self.main.weight_bytes
         self.remote: Any = None  # the call's RemoteExperts, set per invocation
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="moefleet-remoe-remote")
-        experts = split_experts(held_experts(self.local), self._remote, self.is_local,
-                                pool=self._pool)
-        self.runner = LocalRunner(adapter, experts=experts, kv_budget_bytes=kv_bytes,
+        self.runner = LocalRunner(self.main.adapter,
+                                  experts=self.main.experts(self._remote, pool=self._pool),
+                                  kv_budget_bytes=kv_bytes,
                                   max_num_seqs=int(config.get("max_num_seqs", 64)))
 
     def _remote(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
@@ -107,7 +71,7 @@ class MainFunction:
         if isinstance(msg, Warm):  # the cold start (weights, KV cache) is all it asks for
             return pack(meta=encode(msg))
         remote = None
-        if any(not bool(k.all()) for k in self.is_local.values()):
+        if self.main.has_remote:
             if ctx.functions is None:
                 raise FunctionError(f"{self.function}: this backend offers no nested calls, "
                                     "so remote experts cannot run", "use the local or aws "
@@ -154,10 +118,10 @@ class MainFunction:
             ttft_s=tuple(float(t.ttft_s or 0.0) for t in times if t is not None),
             tpot_s=tuple(float(t.tpot_s or 0.0) for t in times if t is not None),
             e2e_s=tuple(float(t.e2e_s or 0.0) for t in times if t is not None),
-            remote_invocations=0, remote_s=0.0, steps=steps)
+            remote_invocations=0, remote_s=0.0, steps=steps, device=str(self.main.device))
 
 
 def main_handler(config: dict[str, Any], init: InitContext) -> Handler:
     """Factory; config: ``deployment`` (key of the deployment JSON in the store),
-    ``kv_mb`` (KV cache budget, MB), ``max_num_seqs``."""
+    ``kv_mb`` (KV cache budget, MB), ``max_num_seqs``, ``device`` (auto|cpu|cuda)."""
     return MainFunction(config, init)

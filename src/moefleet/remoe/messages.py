@@ -59,6 +59,7 @@ class Result:
     remote_invocations: int
     remote_s: float  # wall time inside RemoteExperts (overlaps local compute)
     steps: int
+    device: str = "cpu"  # where the main function's non-expert modules ran
 
     def requests(self) -> list[RequestResult]:
         return [RequestResult(*row) for row in zip(self.request_ids, self.tokens, self.ttft_s,

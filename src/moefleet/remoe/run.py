@@ -113,6 +113,7 @@ def run_remoe(dep: Deployment, backend: FunctionBackend, platform: PlatformSpec,
     records = backend.records()
     warm_recs, gen_recs = records[before:mid], records[mid:]
     results = [r for res, _ in batches for r in res.requests()]
+    devices = sorted({res.device for res, _ in batches})
     parts = {}
     for phase, recs in (("cold_start", warm_recs), ("generation", gen_recs)):
         parts[phase] = {
@@ -123,7 +124,9 @@ def run_remoe(dep: Deployment, backend: FunctionBackend, platform: PlatformSpec,
         "model": dep.model, "platform": platform.name, "policy": dep.plan.policy,
         "requests": len(results), "max_tokens": max_tokens, "batch_size": batch_size,
         "main_memory_mb": dep.plan.main.memory_mb if dep.plan.main else None,
-        "gpu_share": share, "gpu": GPU_NOTE if share > 0 else "none",
+        "gpu_share": share, "device": devices,
+        "gpu": "none" if share <= 0 else GPU_NOTE if set(devices) <= {"cpu"} else (
+            f"GPU: the main function's non-expert modules ran on {', '.join(devices)}"),
         "cold_start": cold, "generation_wall_s": wall,
         "ttft_s": {"median": statistics.median(r.ttft_s for r in results),
                    "max": max(r.ttft_s for r in results)},
@@ -153,24 +156,13 @@ def run_remoe_plan(source: Any, prompts: list[list[int]], *, platform: PlatformS
     """Deploy (a plan; or take a ``Deployment``), create its functions, :func:`run_remoe`,
     compare with the monolithic model when ``check`` (needs ``adapter``), then
     ``cold_repeats`` more cold starts (every function redeployed: a new version starts
-    cold), tear down. Whatever happens, the backend is torn down and the weights this
-    call uploaded are removed."""
-    from moefleet.plan import DeploymentPlan
-    from moefleet.runtime.base import create_backend
-    from moefleet.runtime.deploy import install, remove_objects
-    from moefleet.runtime.session import deploy
+    cold), tear down (``runtime.session.deployed_backend``: whatever happens, the backend
+    is torn down and the weights this call uploaded are removed)."""
+    from moefleet.runtime.deploy import install
+    from moefleet.runtime.session import deployed_backend
 
-    if isinstance(source, DeploymentPlan):
-        if adapter is None:
-            raise MoefleetError("deploying a plan needs its model",
-                                "pass adapter=load_adapter(plan.model)")
-        dep, owned = deploy(source, adapter, platform, store, backend_name=backend), True
-    else:
-        dep, owned = source, False
-    fb = None
-    try:
-        fb = create_backend(dep.backend, platform, store=dep.store, **(backend_options or {}))
-        install(dep, fb)
+    with deployed_backend(source, platform=platform, store=store, adapter=adapter,
+                          backend=backend, backend_options=backend_options) as (dep, fb):
         summary = run_remoe(dep, fb, platform, prompts, max_tokens=max_tokens,
                             batch_size=batch_size)
         repeats = [summary["cold_start"]]
@@ -178,13 +170,6 @@ def run_remoe_plan(source: Any, prompts: list[list[int]], *, platform: PlatformS
             install(dep, fb)
             repeats.append(start_all(dep, fb))
         summary["cold_start_repeats"] = repeats
-    finally:
-        try:
-            if fb is not None:
-                fb.teardown()
-        finally:
-            if owned:
-                remove_objects(dep, store)
     summary["backend"] = dep.backend
     if check and adapter is not None:
         ref = reference_tokens(adapter, prompts, max_tokens)

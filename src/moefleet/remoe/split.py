@@ -52,27 +52,52 @@ def held_experts(modules: Mapping[int, Mapping[int, nn.Module]]) -> ExpertFn:
     return run
 
 
-def split_experts(local: ExpertFn, remote: ExpertFn, is_local: Mapping[int, torch.Tensor],
-                  *, pool: ThreadPoolExecutor | None = None) -> ExpertFn:
-    """Per layer: ``remote`` (on a helper thread: it mostly waits on invocations) and
-    ``local`` (on the caller's thread) at the same time, each on its own slots; summed.
-    ``is_local[layer]`` is a bool [E]; a layer missing from it is all local."""
-    helper = pool or ThreadPoolExecutor(1, thread_name_prefix="moefleet-remoe-remote")
+class SplitExperts:
+    """The ExpertFn :func:`split_experts` returns. Experts run on ``expert_device`` (the
+    CPU: local experts live in host memory and remote ones travel as NumPy), so when the
+    layer loop runs elsewhere (non-experts on CUDA) the token rows cross to it before the
+    split and the summed result crosses back; on the same device both moves are no-ops.
+    ``set_owners`` reaches the remote half (it bills each token row's owner)."""
 
-    def run(layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
-            w_NK: torch.Tensor) -> torch.Tensor:
-        keep_E = is_local.get(layer)
+    def __init__(self, local: ExpertFn, remote: ExpertFn, is_local: Mapping[int, torch.Tensor],
+                 *, pool: ThreadPoolExecutor | None = None,
+                 expert_device: torch.device | str = "cpu") -> None:
+        self.local, self.remote, self.is_local = local, remote, is_local
+        self.helper = pool or ThreadPoolExecutor(1, thread_name_prefix="moefleet-remoe-remote")
+        self.expert_device = torch.device(expert_device)
+
+    def set_owners(self, owners_N: list[str] | None) -> None:
+        setter = getattr(self.remote, "set_owners", None)
+        if setter is not None:
+            setter(owners_N)
+
+    def __call__(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
+                 w_NK: torch.Tensor) -> torch.Tensor:
+        home = x_ND.device
+        dev = self.expert_device
+        x_ND, ids_NK, w_NK = x_ND.to(dev), ids_NK.to(dev), w_NK.to(dev)
+        keep_E = self.is_local.get(layer)
         if keep_E is None or bool(keep_E.all()):
-            return local(layer, x_ND, ids_NK, w_NK)
+            return self.local(layer, x_ND, ids_NK, w_NK).to(home)
+        keep_E = keep_E.to(dev)
         remote_ids_NK = mask_ids(ids_NK, ~keep_E)
         local_ids_NK = mask_ids(ids_NK, keep_E)
         pending = None
         if bool((remote_ids_NK != SKIP).any()):
-            pending = helper.submit(remote, layer, x_ND, remote_ids_NK, w_NK)
+            pending = self.helper.submit(self.remote, layer, x_ND, remote_ids_NK, w_NK)
         try:
-            y_ND = local(layer, x_ND, local_ids_NK, w_NK)
+            y_ND = self.local(layer, x_ND, local_ids_NK, w_NK)
         finally:
             remote_ND = pending.result() if pending is not None else None
-        return y_ND if remote_ND is None else y_ND + remote_ND.to(y_ND.dtype)
+        y_ND = y_ND if remote_ND is None else y_ND + remote_ND.to(y_ND.dtype)
+        return y_ND.to(home)
 
-    return run
+
+def split_experts(local: ExpertFn, remote: ExpertFn, is_local: Mapping[int, torch.Tensor],
+                  *, pool: ThreadPoolExecutor | None = None,
+                  expert_device: torch.device | str = "cpu") -> SplitExperts:
+    """Per layer: ``remote`` (on a helper thread: it mostly waits on invocations) and
+    ``local`` (on the caller's thread) at the same time, each on its own slots; summed.
+    ``is_local[layer]`` is a bool [E]; a layer missing from it is all local. Both run on
+    ``expert_device`` (see :class:`SplitExperts`)."""
+    return SplitExperts(local, remote, is_local, pool=pool, expert_device=expert_device)

@@ -209,9 +209,13 @@ def deploy_plan(
     return deployment
 
 
-def install(deployment: Deployment, backend: FunctionBackend) -> list[FunctionSpec]:
-    """Create the deployment's functions on ``backend`` (weights must be in the store)."""
-    return [backend.deploy(spec) for spec in deployment.functions]
+def install(deployment: Deployment, backend: FunctionBackend, *,
+            with_main: bool = True) -> list[FunctionSpec]:
+    """Create the deployment's functions on ``backend`` (weights must be in the store);
+    without its ``main`` function when ``with_main`` is false (``serve`` plays the main
+    function in its own process)."""
+    return [backend.deploy(spec) for spec in deployment.functions
+            if with_main or spec.kind != "main"]
 
 
 def remove_objects(deployment: Deployment, store: ObjectStore) -> int:

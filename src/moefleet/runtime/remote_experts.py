@@ -145,6 +145,8 @@ class RemoteExperts:
             raise GatherError(f"the deployment has no expert functions for layer {layer}",
                               "deploy a plan for this model")
         t0 = time.perf_counter()
+        home = x_ND.device  # a loop on CUDA: packets are host memory, the sum goes back
+        x_ND, ids_NK, w_NK = x_ND.cpu(), ids_NK.cpu(), w_NK.cpu()
         local = self._local[layer]
         if local.size and np.isin(ids_NK.numpy(), local).any():
             raise GatherError(
@@ -154,7 +156,7 @@ class RemoteExperts:
         shares = scatter.assign(layer, ids_NK, self._replicas[layer])
         skipped_NK = (ids_NK == -1).numpy()
         if not shares:
-            return torch.zeros_like(x_ND)
+            return torch.zeros_like(x_ND).to(home)
         method, beta = self._method[layer]
         dtype = x_ND.dtype  # packets and the gather run in fp32 (NumPy has no bf16)
         x_ND = x_ND.detach().to(torch.float32)
@@ -168,7 +170,7 @@ class RemoteExperts:
         st.calls += 1
         st.token_slots += sum(s.size for s in shares)
         st.seconds += time.perf_counter() - t0
-        return y_ND.to(dtype)
+        return y_ND.to(device=home, dtype=dtype)
 
     def _direct(self, layer: int, shares: list[scatter.Share], x_ND: torch.Tensor,
                 w_NK: torch.Tensor) -> list[tuple[scatter.Share, torch.Tensor]]:

@@ -74,14 +74,16 @@ class Session:
 
 
 @contextlib.contextmanager
-def open_deployment(
+def deployed_backend(
     source: DeploymentPlan | Deployment, *, platform: PlatformSpec, store: ObjectStore,
     adapter: MoEModelAdapter | None = None, backend: str = "local",
-    backend_options: Mapping[str, Any] | None = None,
-) -> Iterator[Session]:
+    backend_options: Mapping[str, Any] | None = None, with_main: bool = True,
+) -> Iterator[tuple[Deployment, FunctionBackend]]:
     """Deploy ``source`` (a plan: needs ``adapter``; or an existing deployment, which
-    brings its own backend name), create its functions, yield a :class:`Session`, and
-    always tear down (see the module invariants)."""
+    brings its own backend name), create its functions (without the ``main`` function
+    when ``with_main`` is false: the caller plays it), yield the deployment and the
+    backend, and always tear down (see the module invariants). The one lifecycle that
+    :func:`open_deployment`, ``remoe.run`` and ``serve --plan`` share."""
     if isinstance(source, DeploymentPlan):
         if adapter is None:
             raise MoefleetError("deploying a plan needs its model",
@@ -94,9 +96,8 @@ def open_deployment(
     fb: FunctionBackend | None = None
     try:
         fb = create_backend(dep.backend, platform, **options)
-        install(dep, fb)
-        with Executor(dep, fb, store, platform) as executor:
-            yield Session(dep, fb, executor, store)
+        install(dep, fb, with_main=with_main)
+        yield dep, fb
     finally:
         try:
             if fb is not None:
@@ -107,6 +108,19 @@ def open_deployment(
                     remove_objects(dep, store)
                 except Exception as err:  # the error that got us here is the one to report
                     log.warning("could not remove the weights under %s: %s", dep.prefix, err)
+
+
+@contextlib.contextmanager
+def open_deployment(
+    source: DeploymentPlan | Deployment, *, platform: PlatformSpec, store: ObjectStore,
+    adapter: MoEModelAdapter | None = None, backend: str = "local",
+    backend_options: Mapping[str, Any] | None = None,
+) -> Iterator[Session]:
+    """:func:`deployed_backend` with an executor over it: yield a :class:`Session`."""
+    with deployed_backend(source, platform=platform, store=store, adapter=adapter,
+                          backend=backend, backend_options=backend_options) as (dep, fb), \
+            Executor(dep, fb, store, platform) as executor:
+        yield Session(dep, fb, executor, store)
 
 
 def run_plan(

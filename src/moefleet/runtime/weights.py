@@ -107,7 +107,7 @@ def build_skeleton(blob: bytes) -> MoEModelAdapter:
 
 
 # -- which tensors belong to which function ----------------------------------------------
-def _names_by_tensor(model: nn.Module) -> dict[int, list[str]]:
+def names_by_tensor(model: nn.Module) -> dict[int, list[str]]:
     names: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
@@ -116,20 +116,20 @@ def _names_by_tensor(model: nn.Module) -> dict[int, list[str]]:
     return names
 
 
-def _tensors_of(module: nn.Module) -> list[torch.Tensor]:
+def tensors_of(module: nn.Module) -> list[torch.Tensor]:
     return [*module.parameters(), *module.buffers()]
 
 
 def shared_tensors(adapter: MoEModelAdapter) -> list[torch.Tensor]:
     """Model tensors that no segment and no expert owns (e.g. rotary tables)."""
-    owned = {id(t) for b in range(adapter.num_layers) for t in _tensors_of(adapter.segment(b))}
+    owned = {id(t) for b in range(adapter.num_layers) for t in tensors_of(adapter.segment(b))}
     expert_storage = {
         p.untyped_storage().data_ptr()
         for layer in adapter.moe_layers
         for i in range(adapter.num_experts(layer))
         for p in adapter.expert_view(layer, i).parameters()
     }
-    return [t for t in _tensors_of(adapter.model)
+    return [t for t in tensors_of(adapter.model)
             if id(t) not in owned and t.untyped_storage().data_ptr() not in expert_storage]
 
 
@@ -137,8 +137,8 @@ def segment_tensors(adapter: MoEModelAdapter, block: int) -> dict[str, torch.Ten
     """Model-relative name → tensor for everything segment ``block`` needs: its own
     module's tensors plus the unowned ones (:func:`shared_tensors`), which every segment
     gets because no adapter method says which block uses them."""
-    names = _names_by_tensor(adapter.model)
-    picked = [*_tensors_of(adapter.segment(block)), *shared_tensors(adapter)]
+    names = names_by_tensor(adapter.model)
+    picked = [*tensors_of(adapter.segment(block)), *shared_tensors(adapter)]
     out: dict[str, torch.Tensor] = {}
     for t in picked:
         for name in names.get(id(t), []):

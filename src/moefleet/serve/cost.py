@@ -10,7 +10,15 @@
   requests whose tokens it carried, by their share of its tokens. The engine process's
   own object-store requests are split by the step's token shares. Basis
   ``"invocations"``. The serving process's own compute (attention, router) is not an
-  invocation and is not in this figure.
+  invocation and is not in this figure, unless the plan has a main function:
+- ``InvocationBiller(..., main=MainPricing(...))`` (``serve --plan`` of a Remoe plan): the
+  serving process *is* the main function (non-experts, KV cache, local experts), so its
+  time is billed too. Each engine step's measured forward time (local experts and the wait
+  on remote ones included) is split among the requests in the step by their share of its
+  tokens; at finish a request's main-function seconds are priced as one invocation of the
+  main function (its memory, the plan's GPU share, the per-request price, rounded to the
+  platform's granularity) by the meter. Basis ``"invocations+main-time"``; the main part
+  is labelled ``gpu``: ``"emulated"`` when the plan's GPU share is priced on CPU time.
 
 Contract (what the worker relies on): every cost a biller returns from :meth:`step` or
 :meth:`finish` is added to ``billed_cost_usd_total`` exactly once; :meth:`finish` pops the
@@ -33,6 +41,8 @@ if TYPE_CHECKING:
 
 BASIS_IN_PROCESS = "in-process-estimate"
 BASIS_INVOCATIONS = "invocations"
+BASIS_REMOE = "invocations+main-time"  # remote invocations + the main function's time
+BASIS_MAIN_TIME = "main-time"  # the metrics basis of the main function's part
 FUNCTION_MAIN = "main"
 FUNCTION_ENGINE = "<engine>"  # object-store requests the serving process made itself
 
@@ -46,6 +56,9 @@ class RequestCost:
     basis: str
     billed_s: float
     invocations: int = 0  # invocation records attributed (any share) to the request
+    main: float | None = None  # USD of the main function's time (Remoe plans only)
+    remote: float | None = None  # USD of the remote invocations (Remoe plans only)
+    gpu: str | None = None  # the main function's GPU: none | emulated | cuda:N
 
     @property
     def total(self) -> float:
@@ -56,8 +69,10 @@ class RequestCost:
             "usd": self.total, "compute": self.compute, "requests": self.request,
             "storage": self.storage, "billed_seconds": self.billed_s,
             "platform": self.platform, "basis": self.basis}
-        if self.basis == BASIS_INVOCATIONS:
+        if self.basis in (BASIS_INVOCATIONS, BASIS_REMOE):
             d["invocations"] = self.invocations
+        if self.main is not None:
+            d.update(main_usd=self.main, remote_usd=self.remote or 0.0, gpu=self.gpu or "none")
         return d
 
 
@@ -66,6 +81,8 @@ ByFunction = dict[str, CostParts]
 
 class Biller(Protocol):
     basis: str
+
+    def basis_of(self, function: str) -> str: ...
 
     def register(self, rid: str) -> None: ...
 
@@ -99,6 +116,9 @@ class InProcessBiller:
         self.pricer = pricer
         self._busy_s: dict[str, float] = {}
 
+    def basis_of(self, function: str) -> str:
+        return self.basis
+
     def register(self, rid: str) -> None:
         self._busy_s[rid] = 0.0
 
@@ -127,11 +147,24 @@ class AttributedExperts(Protocol):
     def store_requests(self) -> tuple[int, int]: ...
 
 
+@dataclass(frozen=True)
+class MainPricing:
+    """The Remoe main function the serving process plays: its name (the metrics'
+    ``function`` label), CPU memory, share of the platform GPU and that GPU's label
+    (``none``, ``emulated``: its price applied to CPU time, or the CUDA device)."""
+
+    function: str
+    memory_mb: int
+    gpu_share: float = 0.0
+    gpu: str = "none"
+
+
 @dataclass
 class _Account:
     parts: CostParts = field(default_factory=CostParts)
     billed_s: float = 0.0
     invocations: int = 0
+    main_s: float = 0.0  # the main function's seconds attributed to the request
 
 
 class InvocationBiller:
@@ -146,9 +179,13 @@ class InvocationBiller:
     basis = BASIS_INVOCATIONS
 
     def __init__(self, experts: AttributedExperts, spec: PlatformSpec, *,
-                 audit: bool = False) -> None:
+                 audit: bool = False, main: MainPricing | None = None) -> None:
         self.experts = experts
         self.spec = spec
+        self.main = main
+        self.basis = BASIS_INVOCATIONS if main is None else BASIS_REMOE
+        self.audit_main: dict[str, InvocationRecord] = {}  # with audit: the priced record
+        self.unattributed_main_s = 0.0  # main-function time of aborted requests
         self.meter = Meter(spec)  # prices records; never accumulates (cost_of only)
         self._accounts: dict[str, _Account] = {}
         self._owner: dict[str, str] = {}  # sequence id (as the runner names it) -> request
@@ -178,6 +215,11 @@ class InvocationBiller:
         engine.hooks.append(self)
 
     # -- Biller ---------------------------------------------------------------------------
+    def basis_of(self, function: str) -> str:
+        if self.main is not None and function == self.main.function:
+            return BASIS_MAIN_TIME + ("-gpu-emulated" if self.main.gpu == "emulated" else "")
+        return BASIS_INVOCATIONS
+
     def register(self, rid: str) -> None:
         self._accounts[rid] = _Account()
         if self.audit is not None:
@@ -213,18 +255,46 @@ class InvocationBiller:
                     continue
                 acct.parts += CostParts(storage=usd * n / total)
                 self.audit_storage[rid] += usd * n / total
+        if self.main is not None:
+            self._split_main_time(forward_s)
         return dict(billed)
+
+    def _split_main_time(self, forward_s: float) -> None:
+        total = sum(self._tokens.values())
+        if not total:
+            self.unattributed_main_s += forward_s
+            return
+        for rid, n in self._tokens.items():
+            acct = self._accounts.get(rid)
+            if acct is None:
+                self.unattributed_main_s += forward_s * n / total
+            else:
+                acct.main_s += forward_s * n / total
 
     def finish(self, rid: str) -> tuple[RequestCost, ByFunction]:
         acct = self._accounts.pop(rid, None) or _Account()
-        p = acct.parts
-        return RequestCost(p.compute, p.request, p.storage, self.spec.name,
-                           BASIS_INVOCATIONS, acct.billed_s, acct.invocations), {}
+        p, main = acct.parts, self.main
+        if main is None:
+            return RequestCost(p.compute, p.request, p.storage, self.spec.name,
+                               BASIS_INVOCATIONS, acct.billed_s, acct.invocations), {}
+        # the request as one invocation of the main function, lasting its seconds there
+        record = InvocationRecord(function=main.function, kind="main",
+                                  memory_mb=main.memory_mb, start_s=0.0, end_s=acct.main_s,
+                                  request_id=rid, gpu_share=main.gpu_share)
+        own = self.meter.cost_of(record)
+        if self.audit is not None:
+            self.audit_main[rid] = record
+        t = p + own
+        return RequestCost(t.compute, t.request, t.storage, self.spec.name, BASIS_REMOE,
+                           acct.billed_s + self.spec.invocation_billed_s(acct.main_s),
+                           acct.invocations, main=own.total, remote=p.total,
+                           gpu=main.gpu), {main.function: own}
 
     def forget(self, rid: str) -> None:
         acct = self._accounts.pop(rid, None)
         if acct is not None:
             self.unattributed += acct.parts
+            self.unattributed_main_s += acct.main_s
         if self.audit is not None:
             self.audit.pop(rid, None)
 

@@ -10,6 +10,14 @@ plan for another model is refused with :class:`PlanModelError`); the functions e
 inside the ``with`` block; on the way out the ExpertFn's threads stop, the backend is torn
 down and the weights this call uploaded are removed (``runtime.session.open_deployment``),
 whatever raised. The engine's layer loop runs here; only routed expert tokens travel.
+
+A Remoe plan (one with a ``main`` function): this process plays the main function. Its
+remote expert groups are deployed (the ``main`` function is not: nothing would call it);
+the engine's model is what a main instance loads from the store (the non-expert modules
+and the local experts, :class:`~moefleet.remoe.main_model.MainModel`, on CUDA when the
+plan's main has a GPU and ``device`` allows, else the CPU: "GPU emulated"), with the
+main's KV budget, and each MoE layer runs ``split_experts(local, RemoteExperts, is_local)``
+as in the main handler. The biller adds the main function's time (:class:`MainPricing`).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,9 +35,11 @@ from moefleet.errors import MoefleetError
 from moefleet.models.base import MoEModelAdapter
 from moefleet.plan import DeploymentPlan
 from moefleet.platform import ObjectStore, PlatformSpec, load_platform
+from moefleet.runtime.base import FunctionBackend
+from moefleet.runtime.deploy import Deployment
 from moefleet.runtime.remote_experts import RemoteExperts
-from moefleet.runtime.session import Session, open_deployment
-from moefleet.serve.cost import InvocationBiller
+from moefleet.runtime.session import Session, deployed_backend, open_deployment
+from moefleet.serve.cost import InvocationBiller, MainPricing
 
 
 class PlanModelError(MoefleetError):
@@ -40,7 +51,16 @@ class DeployedEngine:
     engine: Engine
     biller: InvocationBiller
     experts: RemoteExperts
-    session: Session
+    deployment: Deployment
+    backend: FunctionBackend
+    session: Session | None = None  # the executor's session (plans without a main)
+    device: str = "cpu"  # where the engine's non-expert modules run
+
+    @property
+    def functions(self) -> int:
+        """Functions created on the backend (a Remoe plan's main is this process)."""
+        main = self.deployment.plan.main is not None
+        return sum(1 for f in self.deployment.functions if not main or f.kind != "main")
 
 
 def _same_model(a: str, b: str) -> bool:
@@ -76,6 +96,11 @@ def deployed_engine(plan: DeploymentPlan, adapter: MoEModelAdapter, *, store: Ob
     if not spec.is_faas:
         raise MoefleetError(f"platform {spec.name!r} in the plan is a {spec.kind}, not a "
                             "function platform", "plan for a FaaS platform, e.g. aws-lambda")
+    if plan.main is not None:
+        with _main_engine(plan, adapter, spec, store, backend, backend_options, device,
+                          max_num_seqs, max_parallel, audit) as d:
+            yield d
+        return
     with open_deployment(plan, platform=spec, store=store, adapter=adapter, backend=backend,
                          backend_options=backend_options) as session:
         rx = session.remote_experts(max_parallel=max_parallel)
@@ -84,6 +109,45 @@ def deployed_engine(plan: DeploymentPlan, adapter: MoEModelAdapter, *, store: Ob
                                   experts=rx)
             biller = InvocationBiller(rx, spec, audit=audit)
             biller.attach(engine)
-            yield DeployedEngine(engine, biller, rx, session)
+            yield DeployedEngine(engine, biller, rx, session.deployment, session.backend,
+                                 session, str(adapter.device))
         finally:
             rx.close()
+
+
+@contextlib.contextmanager
+def _main_engine(plan: DeploymentPlan, adapter: MoEModelAdapter, spec: PlatformSpec,
+                 store: ObjectStore, backend: str, backend_options: Mapping[str, Any] | None,
+                 device: str, max_num_seqs: int, max_parallel: int, audit: bool,
+                 ) -> Iterator[DeployedEngine]:
+    """A Remoe plan: this process is the main function (module docstring)."""
+    from moefleet.engine.runner import LocalRunner
+    from moefleet.remoe.main_model import MainModel, main_device
+    from moefleet.remoe.run import gpu_share
+    from moefleet.runtime.deploy import MAIN_KV_MB
+    from moefleet.runtime.handlers import MB
+
+    assert plan.main is not None
+    main_device(plan.main.gpu_gb, device)  # a device this plan cannot use fails first
+    with deployed_backend(plan, platform=spec, store=store, adapter=adapter, backend=backend,
+                          backend_options=backend_options, with_main=False) as (dep, fb):
+        placed = dep.placement.main
+        assert placed is not None
+        name = dep.function(placed.name)
+        share = gpu_share(dep, spec)
+        main = MainModel.load(dep, store, name, device=device)
+        kv_bytes = MAIN_KV_MB * MB
+        main.check_memory(placed.memory_mb, kv_bytes, name)
+        rx = RemoteExperts(dep, fb, store, max_parallel=max_parallel)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="moefleet-remoe-remote")
+        try:
+            runner = LocalRunner(main.adapter, experts=main.experts(rx, pool=pool),
+                                 kv_budget_bytes=kv_bytes, max_num_seqs=max_num_seqs)
+            engine = Engine(runner, tokenizer=adapter.tokenizer, max_num_seqs=max_num_seqs)
+            biller = InvocationBiller(rx, spec, audit=audit, main=MainPricing(
+                name, placed.memory_mb, share, main.gpu))
+            biller.attach(engine)
+            yield DeployedEngine(engine, biller, rx, dep, fb, None, str(main.device))
+        finally:
+            rx.close()
+            pool.shutdown(wait=True)

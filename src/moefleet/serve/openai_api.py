@@ -74,8 +74,8 @@ def _usage(sub: Submitted, completion_tokens: int, costs: list[Any], n: int) -> 
         for k, v in c.to_dict().items():
             if k == "invocations":  # records attributed to each choice (with --plan)
                 billed[k] = int(billed.get(k, 0)) + int(v)
-            elif isinstance(v, float) and k in billed:
-                billed[k] += v
+            elif isinstance(v, float) and (k in billed or k in ("main_usd", "remote_usd")):
+                billed[k] = float(billed.get(k, 0.0)) + v  # Remoe: main and remote parts
             elif isinstance(v, str):
                 billed[k] = v
     return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,

@@ -229,8 +229,8 @@ class EngineWorker(threading.Thread):
         sink.loop.call_soon_threadsafe(sink.queue.put_nowait, d)
 
     def _bill(self, billed: ByFunction) -> None:
-        basis = self.biller.basis
         for fn, c in billed.items():
+            basis = self.biller.basis_of(fn)
             for part, usd in (("compute", c.compute), ("requests", c.request),
                               ("storage", c.storage)):
                 self.metrics.billed_cost.labels(self._lbl, fn, part, basis).inc(usd)
