@@ -10,7 +10,7 @@ DDPG then fine-tunes (the scores stay differentiable; nothing here acts).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -54,7 +54,7 @@ def agreement(actor: torch.nn.Module, batch: Sequence[_Labelled]) -> float:
 
 
 def pretrain(agent: SmoeAgent, steps: int, batch_size: int | None = None
-             ) -> dict[str, float]:
+             ) -> dict[str, Any]:
     """``steps`` supervised steps of the actor on labelled replay transitions (teacher
     only, no critic), then the target actor is synced to it so DDPG starts from the
     cloned policy. Returns the arg-max agreement on the labelled replay before/after."""

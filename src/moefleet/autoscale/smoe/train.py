@@ -268,12 +268,17 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
         if not demo and tutor is not None and "bc" not in agent.warm:
             # Behaviour cloning before the first DDPG episode; the clone is validated
             # and can be the kept actor like any later one.
-            agent.warm["bc"] = pretrain(agent, agent.cfg.bc_pretrain_steps)
-            val = val or Validation(sc, setup, data_path)
-            agent.best = {**val.score(SmoeController(agent, sc.slo_s, sc.price_per_s)),
-                          "episode": done}
-            agent.actor_best = copy.deepcopy(agent.actor.state_dict())
-            agent.warm["bc"]["validation"] = dict(agent.best)
+            # (A resumed pre-teacher checkpoint has no labels: nothing to clone, and
+            # its kept actor is only replaced by a better one.)
+            bc = agent.warm["bc"] = pretrain(agent, agent.cfg.bc_pretrain_steps)
+            if bc["steps"]:
+                val = val or Validation(sc, setup, data_path)
+                clone = {**val.score(SmoeController(agent, sc.slo_s, sc.price_per_s)),
+                         "episode": done}
+                bc["validation"] = clone
+                if agent.best is None or clone["score"] < agent.best["score"]:
+                    agent.best = clone
+                    agent.actor_best = copy.deepcopy(agent.actor.state_dict())
         use.log.rewards.clear()
         res = run_episode(sc, use, arrivals, duration, seed=seed + done)
         done += 1
