@@ -2,6 +2,7 @@
 Remoe vs the CPU / GPU / MIX / Fetch plans, and the cold start of each layout.
 
     OMP_NUM_THREADS=1 python benchmarks/remoe_cost_measured.py [--requests 8] [--new-tokens 16]
+        [--calibrate]
 
 - model: the zoo's many-expert decoder ``tiny-moe-lm-e32`` (4 MoE layers x 32 experts,
   top-8); requests: the first ``--requests`` ShareGPT test prompts, first 500 characters
@@ -22,6 +23,20 @@ Remoe vs the CPU / GPU / MIX / Fetch plans, and the cold start of each layout.
   the main function's records carry the plan's GPU share although it ran on this CPU:
   **GPU emulated** (the GPU price applied to the measured CPU time; the GPU, MIX and Fetch
   layouts therefore differ here only in memory and GPU share, not in speed).
+
+- ``--calibrate``: the planner gets this runtime's measured times instead of the FLOP-rate
+  model and the platform's assumed 20 ms invocation overhead: before planning, the next
+  ``--calib-requests`` test prompts (never the measured ones) calibrate
+  (:func:`moefleet.remoe.calibrate.calibrate_runtime`: in process, the non-expert time
+  per layer and token and an expert's time per routed slot; on an all-remote deployment,
+  a nested call's round trip, the handler's fixed and per-slot time), and its CPU price
+  per GB-s is the one the meter bills (the platform's default vCPUs per GB, not 1 GB =
+  1 vCPU). ``mmp_by_tpot_slo`` then records what MMP chooses at tighter TPOT SLOs
+  (planner only, nothing run);
+- ``--max-threads 1``: every function runs one torch thread whatever its vCPUs (the
+  calibrated planner's assumption: T(y) flat). Without it a main of 5120 MB (2.5 vCPUs on
+  ``alibaba-fc-gpu``) runs 2 threads, and on 2 cores shared with other jobs the same such
+  plan measured 0.50 s billed in one run and 8.8 and 10.9 s in two others.
 
 ``ratio_vs_gpu``: a method's generation cost / the GPU plan's (cold-start phase excluded;
 ``ratio_vs_gpu_with_cold_start`` includes it). Cold start: Remoe's overlapped cold start
@@ -71,19 +86,54 @@ def activation(adapter: Any, prompts: list[list[int]], new_tokens: int
     return counts / counts.sum(axis=1, keepdims=True), [o.new_token_ids for o in outs]
 
 
-def plan_for(method: str, adapter: Any, s_LE: np.ndarray, n_in: int, n_out: int,
-             args: argparse.Namespace) -> Any:
-    from moefleet.plan.remoe import plan_policy
-    from moefleet.plan.remoe.shapes import measure_cpu, problem_for
+def problem_of(method: str, adapter: Any, s_LE: np.ndarray, n_in: int, n_out: int,
+               args: argparse.Namespace, cal: Any = None) -> Any:
+    """The planner's problem: FLOP-rate times and the platform's assumed overheads, or,
+    with ``cal``, this runtime's measured times and the meter's CPU price."""
+    from moefleet.plan.remoe.shapes import Timing, measure_cpu, problem_for
     from moefleet.platform import load_platform
+    from moefleet.remoe.calibrate import calibrated_problem, metered_prices
     from moefleet.remoe.dims import dims_from_adapter
 
     dims = dims_from_adapter(adapter)
-    problem = problem_for(dims, measure_cpu(dims), load_platform(args.platform), s_LE,
-                          n_in=n_in, n_out=n_out, ttft_slo_s=args.ttft, tpot_slo_s=args.tpot,
-                          gpu=method != "cpu", model=MODEL)
+    platform = load_platform(args.platform)
+    timing = measure_cpu(dims) if cal is None else Timing(1e9, 1e9, source="calibrated")
+    problem = problem_for(dims, timing, platform, s_LE, n_in=n_in, n_out=n_out,
+                          ttft_slo_s=args.ttft, tpot_slo_s=args.tpot, gpu=method != "cpu",
+                          model=MODEL)
+    if cal is not None:
+        problem = metered_prices(calibrated_problem(problem, cal), platform)
+    return problem
+
+
+def plan_for(method: str, adapter: Any, s_LE: np.ndarray, n_in: int, n_out: int,
+             args: argparse.Namespace, cal: Any = None) -> Any:
+    from moefleet.plan.remoe import plan_policy
+
+    problem = problem_of(method, adapter, s_LE, n_in, n_out, args, cal)
     result = plan_policy(problem, method, check_slo=False)
     return result.to_plan(problem, list(adapter.moe_layers))
+
+
+def mmp_by_tpot_slo(problem: Any, slos: tuple[float, ...]) -> list[dict[str, Any]]:
+    """What the paper's planner (MMP) chooses as the TPOT SLO tightens (nothing run)."""
+    from dataclasses import replace
+
+    from moefleet.plan.remoe import plan_policy
+    from moefleet.plan.remoe.problem import InfeasibleError
+
+    rows = []
+    for slo in slos:
+        try:
+            r = plan_policy(replace(problem, tpot_slo_s=slo), "remoe", check_slo=False)
+        except InfeasibleError as exc:
+            rows.append({"tpot_slo_s": slo, "infeasible": str(exc)})
+            continue
+        rows.append({"tpot_slo_s": slo, "b": r.meta["chosen_b"],
+                     "main_memory_mb": r.layout.main_mb,
+                     "predicted_tpot_s": r.estimate.tpot_s,
+                     "predicted_cost_usd": r.estimate.cost})
+    return rows
 
 
 def main() -> None:
@@ -98,6 +148,11 @@ def main() -> None:
     ap.add_argument("--cold-repeats", type=int, default=4,
                     help="extra cold starts per layout (medians are reported)")
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--calibrate", action="store_true",
+                    help="plan with this runtime's measured times (see the docstring)")
+    ap.add_argument("--calib-requests", type=int, default=4)
+    ap.add_argument("--max-threads", type=int, default=None,
+                    help="cap every function's torch threads (local backend)")
     ap.add_argument("--out", default=str(RESULTS / "remoe_cost_measured.json"))
     args = ap.parse_args()
 
@@ -107,20 +162,30 @@ def main() -> None:
     from moefleet.remoe.run import run_remoe_plan
 
     adapter = load_adapter(MODEL)
-    test = load_prompts("sharegpt", split="test")[: args.requests]
-    prompts = [list(adapter.tokenizer(p.text[:500], truncation=True,
+    test = load_prompts("sharegpt", split="test")[: args.requests + args.calib_requests]
+    encoded = [list(adapter.tokenizer(p.text[:500], truncation=True,
                                       max_length=128)["input_ids"]) for p in test]
+    prompts, calib = encoded[: args.requests], encoded[args.requests:]
     s_LE, reference = activation(adapter, prompts, args.new_tokens)
     n_in = round(statistics.mean(len(p) for p in prompts))
     platform = load_platform(args.platform)
+    cal = None
+    if args.calibrate:
+        from moefleet.remoe.calibrate import calibrate_runtime
+
+        with tempfile.TemporaryDirectory(prefix="moefleet-remoe-cal-") as tmp:
+            cal = calibrate_runtime(adapter, calib, platform=platform, store=open_store(tmp),
+                                    max_tokens=args.new_tokens, workers=args.workers)
+        print(f"calibration: {cal.to_dict()}", flush=True)
     runs: dict[str, Any] = {}
     for method in args.methods.split(","):
-        plan = plan_for(method, adapter, s_LE, n_in, args.new_tokens, args)
+        plan = plan_for(method, adapter, s_LE, n_in, args.new_tokens, args, cal)
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="moefleet-remoe-") as tmp:
             summary = run_remoe_plan(
                 plan, prompts, platform=platform, store=open_store(tmp), adapter=adapter,
-                backend_options={"workers": args.workers, "main_workers": 1},
+                backend_options={"workers": args.workers, "main_workers": 1,
+                                 "max_threads": args.max_threads},
                 max_tokens=args.new_tokens, batch_size=args.batch_size, check=False,
                 cold_repeats=args.cold_repeats)
         tokens = list(summary.pop("tokens").values())
@@ -129,7 +194,9 @@ def main() -> None:
         summary["plan"] = {"main_memory_mb": plan.main.memory_mb, "gpu_gb": plan.main.gpu_gb,
                            "remote_groups": [[g.layer, len(g.experts), g.memory_mb,
                                               g.replicas] for g in plan.groups],
-                           "predicted": plan.predicted}
+                           "predicted": plan.predicted,
+                           "chosen_b": plan.meta.get("chosen_b"),
+                           "mmp_b": (plan.meta.get("mmp") or {}).get("b")}
         runs[method] = summary
         print(f"{method}: ${summary['cost_usd']['total']:.4g} (generation "
               f"${summary['cost_usd']['generation']['main']['cost_usd']:.3g} main + "
@@ -165,7 +232,16 @@ def main() -> None:
            "slo": {"ttft_s": args.ttft, "tpot_s": args.tpot},
            "gpu": "GPU emulated: main functions ran on CPU, GPU price applied to measured time",
            "command": "OMP_NUM_THREADS=1 python benchmarks/remoe_cost_measured.py "
-                      f"--requests {args.requests} --new-tokens {args.new_tokens}",
+                      f"--requests {args.requests} --new-tokens {args.new_tokens} "
+                      f"--methods {args.methods}" + (" --calibrate" if cal else "")
+                      + (f" --max-threads {args.max_threads}" if args.max_threads else ""),
+           "planner_inputs": ("calibrated on this runtime (remoe.calibrate), meter's CPU "
+                              "price" if cal else "FLOP-rate model, platform's assumed "
+                              "invocation overhead, 1 GB = 1 vCPU"),
+           "calibration": cal.to_dict() if cal else None,
+           "mmp_by_tpot_slo": mmp_by_tpot_slo(
+               problem_of("remoe", adapter, s_LE, n_in, args.new_tokens, args, cal),
+               (1.0, 0.1, 0.05, 0.04, 0.03, 0.02, 0.01)) if cal else None,
            "methods": runs, "cold_start": cold}
     write_json_atomic(args.out, out)
     _plot(runs, Path(args.out).with_suffix(".png"))

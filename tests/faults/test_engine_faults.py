@@ -103,3 +103,22 @@ def test_fault_spec_parsing_names_the_bad_value() -> None:
             parse_fault(bad)
         msg = str(info.value)
         assert bad in msg or f"'{bad.split(':')[1]}'" in msg or "'1e9'" in msg
+
+
+def test_a_sampling_failure_ends_its_step_requests_not_the_engine() -> None:
+    engine = build_engine(adapter(), max_num_seqs=2)
+    real, calls = engine.sampler.sample, [0]
+
+    def sample(*args: Any, **kw: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 3:  # a decode step of the first two requests
+            raise RuntimeError("invalid multinomial distribution (injected)")
+        return real(*args, **kw)
+
+    engine.sampler.sample = sample  # type: ignore[method-assign]
+    outs = engine.generate(PROMPTS, GREEDY)
+    assert [o.finish_reason for o in outs] == ["error", "error", "length", "length"]
+    assert "invalid multinomial" in (outs[0].error or "")
+    assert [tuple(o.new_token_ids) for o in outs[2:]] == list(reference()[2:])
+    assert engine.stats.failed_requests == 2 and not engine.has_unfinished
+    assert engine.runner.cache.num_free_blocks == engine.runner.cache.num_blocks

@@ -91,3 +91,12 @@ def test_stop_string_cuts_text_and_nothing_after_it_is_streamed(tok) -> None:
             break
     assert hit_at is not None
     assert streamed == "Hello world. "
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-300, 1e-40])
+def test_a_vanishing_temperature_samples_the_arg_max_instead_of_failing(temperature) -> None:
+    # logits / T overflows to inf and softmax to NaN; the limit of T -> 0 is greedy
+    # (found by the schema fuzzer: the engine thread died on torch.multinomial)
+    p = SamplingParams(temperature=temperature, max_tokens=1)
+    tokens, _ = Sampler().sample(_logits(), [0, 1], [p, p])
+    assert tokens == _logits().argmax(-1).tolist()

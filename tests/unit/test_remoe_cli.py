@@ -97,6 +97,9 @@ def test_plan_file_groups_are_validated(files: dict[str, Path]) -> None:
     bad["groups"][0]["experts"] = [64]
     import yaml
 
+    with pytest.raises(PlanError, match="replica_experts"):  # LPT sets no longer cover it
+        DeploymentPlan.from_yaml(yaml.safe_dump(bad))
+    bad["groups"][0]["replica_experts"] = None
     with pytest.raises(PlanError, match="below 64"):
         DeploymentPlan.from_yaml(yaml.safe_dump(bad))
     bad = plan.model_dump(mode="json")

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from moefleet.cli.common import emit_json, err_console, out_console, progress, user_errors
+from moefleet.cli.common import emit_json, out_console, progress, user_errors
 
 app = typer.Typer(help="BrownoutServe: united experts and brownout routing.",
                   no_args_is_help=True)
@@ -63,7 +63,6 @@ def distill_cmd(
                 check_ways(k, adapter.num_experts(layer))
         cfg = DistillConfig(calib_tokens=calib_tokens, max_epochs=max_epochs,
                             max_pairs_per_expert=max_pairs)
-        plain = not err_console.is_terminal
         for k in ways_list:
             with progress() as bar:
                 task = bar.add_task(f"{model} ways={k}", total=None)
@@ -72,8 +71,6 @@ def distill_cmd(
                                 task: Any = task) -> None:
                     bar.update(task, completed=done, total=total,
                                description=f"ways={k} {desc}")
-                    if plain:
-                        err_console.print(f"ways={k} {done}/{total} {desc}", highlight=False)
 
                 united = distill(adapter, k, grouping, cfg, progress=on_progress, force=force)
             reports.append(united.report)

@@ -201,7 +201,10 @@ class Engine:
         lps: list = []
         if res.sample_logits_BV is not None:
             params = [seqs[s].params for s in res.sample_ids]
-            tokens, lps = self.sampler.sample(res.sample_logits_BV, res.sample_ids, params)
+            try:
+                tokens, lps = self.sampler.sample(res.sample_logits_BV, res.sample_ids, params)
+            except (RuntimeError, ValueError) as err:  # e.g. NaN logits: fail these requests,
+                return self._fail_step(sched, StepFailedError(res.sample_ids, err))  # not all
         sampled = dict(zip(res.sample_ids, tokens, strict=True))
         done = {s.seq_id for s in self.scheduler.update(sched, sampled)}
         now = self.clock()

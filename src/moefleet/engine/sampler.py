@@ -11,6 +11,8 @@ other requests share its batches.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from moefleet.engine.request import SamplingParams, TokenLogprob
@@ -65,8 +67,13 @@ class Sampler:
             sorted_V, order = probs_V.sort(descending=True)
             # keep the smallest prefix whose mass reaches top_p (the first token always)
             drop = sorted_V.cumsum(0) - sorted_V >= p.top_p
+            drop[0] = False  # top_p = 0 would otherwise drop every token
             sorted_V = sorted_V.masked_fill(drop, 0.0)
             probs_V = torch.zeros_like(probs_V).scatter_(0, order, sorted_V)
+        total = float(probs_V.sum())
+        if not math.isfinite(total) or total <= 0.0:
+            # a temperature so small that logits / T overflow: its limit is greedy
+            return int(logits_V.argmax())
         return int(torch.multinomial(probs_V, 1, generator=self._generator(seq_id, p)))
 
 

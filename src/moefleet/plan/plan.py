@@ -94,6 +94,28 @@ class ExpertGroup(_Strict):
     experts: list[Annotated[int, Field(ge=0, strict=True)]] = Field(min_length=1)
     memory_mb: int = Field(gt=0, le=MAX_MEMORY_MB, strict=True)
     replicas: int = Field(1, ge=1, le=MAX_REPLICAS, strict=True)
+    replica_experts: list[list[Annotated[int, Field(ge=0, strict=True)]]] | None = Field(
+        default=None, description="Remoe's LPT: replica j serves the experts "
+        "replica_experts[j]; absent: every replica serves every expert, slots split evenly.")
+
+    @model_validator(mode="after")
+    def _replicas_cover_experts(self) -> ExpertGroup:
+        rx = self.replica_experts
+        if rx is None:
+            return self
+        flat = sorted(e for g in rx for e in g)
+        if len(rx) != self.replicas or flat != sorted(self.experts) or not all(rx):
+            raise ValueError(
+                f"group of layer {self.layer}: replica_experts {rx} must give each of the "
+                f"{self.replicas} replicas a non-empty set and each of the experts "
+                f"{self.experts} exactly once (or drop it: slots then split evenly)")
+        return self
+
+    def owners(self) -> dict[int, int] | None:
+        """expert -> the replica that serves all its slots (None: split evenly)."""
+        if self.replica_experts is None:
+            return None
+        return {e: r for r, g in enumerate(self.replica_experts) for e in g}
 
 
 class DeploymentPlan(_Strict):

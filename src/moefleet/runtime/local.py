@@ -102,7 +102,9 @@ class LocalBackend(FunctionBackend):
     (default: its timeout + 60 s) for a free instance slot. ``store_latency`` =
     (seconds, bytes/s) emulates a remote store; ``store_wrap`` = ("module:factory",
     options) wraps the workers' store (fault injection). ``main_workers`` is the size of
-    the separate pool main functions run on."""
+    the separate pool main functions run on. ``max_threads`` caps every instance's torch
+    threads below the machine's cores (on a shared machine a 2-thread instance measures
+    the other jobs' contention: its OpenMP team waits on a descheduled thread)."""
 
     name = "local"
 
@@ -124,6 +126,7 @@ class LocalBackend(FunctionBackend):
         limits: bool | None = None,
         wire: str = "raw",
         main_workers: int = 1,
+        max_threads: int | None = None,
     ) -> None:
         self.platform = load_platform(platform) if isinstance(platform, str) else platform
         if wire not in ("raw", "base64"):
@@ -133,7 +136,9 @@ class LocalBackend(FunctionBackend):
         self._limit = raw if wire == "raw" else base64_inline_bytes(raw)
         self.max_retries, self.retry_backoff_s = max_retries, retry_backoff_s
         self.admission_timeout_s, self.init_timeout_s = admission_timeout_s, init_timeout_s
-        self.cores = os.cpu_count() or 1
+        if max_threads is not None and max_threads < 1:
+            raise ValueError(f"max_threads must be >= 1, got {max_threads}")
+        self.cores = min(os.cpu_count() or 1, max_threads or os.cpu_count() or 1)
         store_cfg: dict[str, Any] | None = None
         if store is not None:
             store_cfg = {"url": str(store if isinstance(store, str) else store.url)}

@@ -7,7 +7,9 @@ for that layer, and sums the gate-weighted results:
 
 - ``direct``: the tokens travel in the invocation payload. The shares a replica of one
   function gets (one per expert it holds, see :func:`scatter.assign`) are merged into one
-  invocation, so a group function (Remoe) is called once per replica, not per expert;
+  invocation, so a group function (Remoe) is called once per replica, not per expert.
+  A group with ``replica_experts`` (Remoe's LPT) sends each expert's slots to its own
+  replica; otherwise each expert's slots are split evenly over the replicas;
 - ``storage``: this caller uploads every share's input object, invokes the replicas, then
   downloads their outputs;
 - ``pipelined``: as storage with minibatches of β tokens, and the replicas are invoked
@@ -98,6 +100,12 @@ class RemoteExperts:
             self._local[lp.layer] = np.array(
                 [e for e in range(len(lp.experts)) if e not in reps], dtype=np.int64)
             self._method[lp.layer] = (lp.method, lp.beta)
+        # Remoe's LPT groups: replica j of a layer's group function serves its own experts
+        self._owners_of: dict[int, dict[int, int]] = {}
+        for g in deployment.plan.groups:
+            owners = g.owners()
+            if owners is not None:
+                self._owners_of[g.layer] = owners
 
     # -- bookkeeping ---------------------------------------------------------------------
     def set_owners(self, owners_N: list[str] | None) -> None:
@@ -153,7 +161,8 @@ class RemoteExperts:
                 f"layer {layer}: tokens routed to experts {local.tolist()}, which no function "
                 "of the deployment holds (they are the main function's)",
                 "mask slots of local experts with -1 (split_experts does this)")
-        shares = scatter.assign(layer, ids_NK, self._replicas[layer])
+        shares = scatter.assign(layer, ids_NK, self._replicas[layer],
+                                self._owners_of.get(layer))
         skipped_NK = (ids_NK == -1).numpy()
         if not shares:
             return torch.zeros_like(x_ND).to(home)

@@ -48,8 +48,12 @@ class Share:
         return f"e{self.expert}-r{self.replica}"
 
 
-def assign(layer: int, ids_NK: torch.Tensor, replicas: list[int]) -> list[Share]:
+def assign(layer: int, ids_NK: torch.Tensor, replicas: list[int],
+           owners: dict[int, int] | None = None) -> list[Share]:
     """Shares of one MoE layer: experts in order, replicas in order, non-empty only.
+
+    An expert in ``owners`` (Remoe's LPT groups) sends all its slots to that replica;
+    any other expert's slots are split evenly, ``ceil(d / g)`` per replica in order.
 
     A slot whose id is -1 belongs to nobody here (a caller keeps that expert elsewhere,
     e.g. local in Remoe's main function): it is in no share, and :func:`gather` expects
@@ -72,6 +76,10 @@ def assign(layer: int, ids_NK: torch.Tensor, replicas: list[int]) -> list[Share]
     for e, d in enumerate(counts):
         slots = order[start : start + d]
         start += d
+        if owners is not None and e in owners:
+            if d:
+                shares.append(Share(layer, e, owners[e], slots // K, slots % K))
+            continue
         g = replicas[e]
         chunk = math.ceil(d / g) if d else 0
         for r in range(g):

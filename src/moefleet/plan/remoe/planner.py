@@ -51,7 +51,8 @@ class RemoeResult:
             if rem:
                 z = len(lay.groups[li])
                 groups.append(ExpertGroup(layer=layer, experts=rem,
-                                          memory_mb=lay.remote_mb[li], replicas=z))
+                                          memory_mb=lay.remote_mb[li], replicas=z,
+                                          replica_experts=[list(g) for g in lay.groups[li]]))
                 for e in rem:
                     mem[e] = lay.remote_mb[li]
             layer_plans.append(LayerPlan(layer=layer, method="direct", beta=1, experts=[

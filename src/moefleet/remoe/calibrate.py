@@ -1,0 +1,281 @@
+"""Measure what a Remoe deployment's parts cost on this runtime, and hand the numbers to
+the planner and the simulator (:class:`RemoeCalibration`, :func:`calibrated_problem`).
+
+Two measurements, neither of them the run they are later compared with:
+
+1. :func:`record_passes` runs the model in this process, one request at a time, with the
+   main function's own expert code (``held_experts``, one expert after another): per
+   engine step (a :class:`~moefleet.sim.remoe.Pass`) the routed slots per layer and
+   expert, the step's wall time and the part spent in experts. The non-expert time per
+   layer (attention, norms, gate, plus the step's share of embedding, LM head, sampling
+   and scheduling) is the rest; a local expert's time is per routed slot.
+2. :func:`measure_plan` deploys a plan on a backend, warms every function, sends each
+   request in its own main invocation and returns the main function's TTFT/TPOT per
+   request and every invocation record (nested remote calls included). Run on an
+   all-remote plan, :func:`calibrate` reads a nested call's overhead from it: a decode
+   step of such a plan is, per layer, non-experts + one call (round trip + K slots).
+
+Every time is a median (a shared machine's slow outliers are other processes' slices).
+The model is linear per slot; a nested call's round trip and its handler's fixed time
+are constants. The main function of a GPU plan runs on this CPU ("GPU emulated"), so the
+calibrated problem gives its "GPU" non-expert and expert times the CPU's measured ones.
+Units: seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from moefleet.errors import MoefleetError
+from moefleet.sim.remoe import Pass
+
+FOLDED = 1e15  # a rate whose time is already inside a measured constant (bytes/s)
+
+
+@dataclass
+class StepTiming:
+    """One in-process engine step: tokens, wall seconds, seconds inside experts."""
+
+    prefill: bool
+    tokens: int
+    wall_s: float
+    expert_s: float
+
+
+@dataclass(frozen=True)
+class RemoeCalibration:
+    """Per-part times of this runtime (see the module docstring)."""
+
+    nonexpert_decode_s: float  # one layer, one decode token
+    nonexpert_prefill_token_s: float  # one layer, one prompt token
+    expert_token_s: float  # one routed slot of a local expert, decode
+    prefill_factor: float  # a prompt slot's expert time / a decode slot's (<= 1)
+    call_overhead_s: float = 0.0  # a nested call as the main waits on it, beyond its compute
+    handler_fixed_s: float = 0.0  # of which the remote handler is billed for
+    slot_wire_s: float = 0.0  # per slot sent to a remote function, beyond its compute
+    main_init_s: float = 0.0
+    remote_init_s: float = 0.0
+    source: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def record_passes(adapter: Any, prompts: list[list[int]], max_tokens: int
+                  ) -> tuple[list[list[Pass]], list[StepTiming], list[list[int]]]:
+    """Each prompt alone through the engine (greedy, ``max_tokens`` tokens, no EOS), every
+    expert run by the main function's per-expert loop. Returns per request its passes,
+    every step's timing, and the greedy tokens. The first prompt runs once untimed
+    before (a process's first steps pay one-off allocations: measured 2x slower)."""
+    from moefleet.engine.engine import Engine
+    from moefleet.engine.request import SamplingParams
+    from moefleet.engine.runner import LocalRunner
+    from moefleet.remoe.split import held_experts
+
+    layers = list(adapter.moe_layers)
+    E = adapter.num_experts(layers[0])
+    held = held_experts({layer: {e: adapter.expert(layer, e) for e in range(E)}
+                         for layer in layers})
+    counts_LE = np.zeros((len(layers), E), np.int64)
+    clock: dict[str, float] = {"expert": 0.0, "tokens": 0}
+
+    def timed(layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
+              w_NK: torch.Tensor) -> torch.Tensor:
+        li = layers.index(layer)
+        ids = ids_NK.reshape(-1).numpy()
+        counts_LE[li] += np.bincount(ids[ids >= 0], minlength=E)
+        clock["tokens"] = int(x_ND.shape[0])
+        t0 = time.perf_counter()
+        y = held(layer, x_ND, ids_NK, w_NK)
+        clock["expert"] += time.perf_counter() - t0
+        return y
+
+    runner = LocalRunner(adapter, experts=timed, max_num_seqs=1)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    passes: list[list[Pass]] = []
+    steps: list[StepTiming] = []
+    tokens: list[list[int]] = []
+    with torch.no_grad():
+        warm = Engine(runner, max_num_seqs=1, eos_token_id=None)
+        warm.generate([list(prompts[0])], params)
+        for prompt in prompts:
+            engine = Engine(runner, max_num_seqs=1, eos_token_id=None)
+            engine.add_request(list(prompt), params)
+            mine: list[Pass] = []
+            out: list[int] = []
+            while engine.has_unfinished:
+                counts_LE[:] = 0
+                clock["expert"] = 0.0
+                prefill = not out
+                t0 = time.perf_counter()
+                for o in engine.step():
+                    out.extend(o.new_token_ids)
+                wall = time.perf_counter() - t0
+                mine.append(Pass(prefill, int(clock["tokens"]), counts_LE.copy()))
+                steps.append(StepTiming(prefill, int(clock["tokens"]), wall, clock["expert"]))
+            passes.append(mine)
+            tokens.append(out)
+    return passes, steps, tokens
+
+
+def calibrate_in_process(steps: list[StepTiming], num_layers: int, top_k: int
+                         ) -> RemoeCalibration:
+    """Non-expert and local-expert times from :func:`record_passes`' steps (medians)."""
+    dec = [s for s in steps if not s.prefill]
+    pre = [s for s in steps if s.prefill]
+    if not dec or not pre:
+        raise MoefleetError("calibration needs prefill and decode steps",
+                            "record at least 2 output tokens per request")
+    L = num_layers
+    f_dec = statistics.median((s.wall_s - s.expert_s) / L for s in dec)
+    t_loc = statistics.median(s.expert_s / (L * top_k * s.tokens) for s in dec)
+    # Prefill: totals over totals. A prompt step's time is mostly per step and per expert
+    # called, not per token, so a per-token median would weigh short prompts up.
+    slots = sum(L * top_k * s.tokens for s in pre)
+    f_pre = sum(s.wall_s - s.expert_s for s in pre) / sum(L * s.tokens for s in pre)
+    t_pre = sum(s.expert_s for s in pre) / slots
+    return RemoeCalibration(
+        nonexpert_decode_s=max(f_dec, 0.0), nonexpert_prefill_token_s=max(f_pre, 0.0),
+        expert_token_s=t_loc, prefill_factor=min(1.0, t_pre / t_loc),
+        source={"in_process_steps": {"prefill": len(pre), "decode": len(dec)}})
+
+
+def measure_plan(plan: Any, adapter: Any, prompts: list[list[int]], *, platform: Any,
+                 store: Any, max_tokens: int, workers: int = 2) -> dict[str, Any]:
+    """Deploy ``plan`` on the local backend, warm every function (phase 1 of
+    :func:`moefleet.remoe.run.run_remoe`), then each request in its own main invocation.
+    Returns per-request ``results`` (``RequestResult``), the generation phase's
+    ``main_records`` and ``remote_records``, the warm phase's ``cold`` summary and the
+    ``gpu_share`` the main function is priced with (GPU emulated)."""
+    from moefleet.remoe.run import generate, gpu_share, start_all
+    from moefleet.runtime.base import create_backend
+    from moefleet.runtime.deploy import install, remove_objects
+    from moefleet.runtime.session import deploy
+
+    dep = deploy(plan, adapter, platform, store, backend_name="local")
+    fb = None
+    try:
+        fb = create_backend("local", platform, store=dep.store, workers=workers,
+                            main_workers=1)
+        install(dep, fb)
+        share = gpu_share(dep, platform)
+        cold = start_all(dep, fb)
+        mid = len(fb.records())
+        batches = generate(dep, fb, prompts, max_tokens=max_tokens, batch_size=1)
+        records = fb.records()[mid:]
+    finally:
+        try:
+            if fb is not None:
+                fb.teardown()
+        finally:
+            remove_objects(dep, store)
+    return {"results": [r for res, _ in batches for r in res.requests()],
+            "remote_invocations": [res.remote_invocations for res, _ in batches],
+            "main_records": [r for r in records if r.kind == "main"],
+            "remote_records": [r for r in records if r.kind != "main"],
+            "cold": cold, "gpu_share": share, "run_id": uuid.uuid4().hex[:6]}
+
+
+def record_slots(record: Any, hidden: int) -> int:
+    """Token-slots a direct expert call answered: its reply is one packed fp32 tensor of
+    (slots, ``hidden``), so the slot count is the one whose packet has the reply's size."""
+    from moefleet.runtime.payload import pack
+
+    guess = int(record.bytes_out // (4 * hidden))
+    for n in range(guess, max(-1, guess - 4), -1):
+        if len(pack({"y": torch.zeros(n, hidden)})) == record.bytes_out:
+            return n
+    raise MoefleetError(f"{record.function}: a {record.bytes_out}-byte reply is no packet of "
+                        f"{hidden}-wide rows", "count slots of direct expert calls only")
+
+
+def calibrate(cal: RemoeCalibration, all_remote: dict[str, Any], *, num_layers: int,
+              top_k: int, hidden: int) -> RemoeCalibration:
+    """Add the remote calls' times to ``cal`` from :func:`measure_plan` of a plan whose
+    every expert is remote, one replica per layer. Its handler records give, with t and
+    the prefill factor pf from ``cal``, a decode call of K slots d_dec = h0 + K·(t + w)
+    and a prefill call of n slots d_pre = h0 + n·(pf·t + w): the handler's fixed time h0
+    and its per-slot cost w beyond the expert (unpacking and packing the rows; the
+    simulator's "wire"). Its TPOT gives the call's round trip as the main waits on it:
+    per layer TPOT / L = f + t_rem + K·(t + w)."""
+    t, pf = cal.expert_token_s, cal.prefill_factor
+    tpot = statistics.median(r.tpot_s for r in all_remote["results"])
+    calls = [(record_slots(r, hidden), r.duration_s) for r in all_remote["remote_records"]]
+    dec = [d for n, d in calls if n == top_k]
+    pre = [(n, d) for n, d in calls if n > 4 * top_k]
+    if not dec or not pre:
+        raise MoefleetError("the all-remote run made no decode call of K slots or no "
+                            "prefill call", "calibrate on a plan with every expert remote, "
+                            "one replica, prompts of more than 4 tokens")
+    d_dec = statistics.median(dec)
+    n_pre = statistics.median(n for n, _ in pre)
+    d_pre = statistics.median(d for _, d in pre)
+    wire = max((d_pre - d_dec - n_pre * pf * t + top_k * t) / (n_pre - top_k), 0.0)
+    fixed = max(d_dec - top_k * (t + wire), 0.0)
+    call = tpot / num_layers - cal.nonexpert_decode_s - top_k * (t + wire)
+    return dataclasses.replace(
+        cal, call_overhead_s=max(call, 0.0), handler_fixed_s=fixed, slot_wire_s=wire,
+        main_init_s=float(all_remote["cold"]["main_init_s"]),
+        remote_init_s=float(all_remote["cold"]["remote_init_s"]),
+        source={**cal.source, "all_remote_tpot_s": tpot, "decode_calls": len(dec),
+                "decode_call_median_s": d_dec, "prefill_calls": len(pre),
+                "prefill_call_median_s": d_pre, "prefill_call_median_slots": n_pre})
+
+
+def calibrate_runtime(adapter: Any, prompts: list[list[int]], *, platform: Any, store: Any,
+                      max_tokens: int, workers: int = 2, main_memory_mb: int = 2048,
+                      remote_memory_mb: int = 1024) -> RemoeCalibration:
+    """Both measurements on ``prompts`` (keep them apart from any run this calibration is
+    compared with): :func:`record_passes` in process, then :func:`measure_plan` of a plan
+    with every expert remote, one replica per layer, and :func:`calibrate`."""
+    from moefleet.remoe.plans import manual_plan
+
+    shape = adapter.summary()
+    layers = list(shape.moe_layers)
+    L, K = len(layers), int(shape.top_k)
+    _, steps, _ = record_passes(adapter, prompts, max_tokens)
+    cal = calibrate_in_process(steps, L, K)
+    every = {layer: range(int(shape.num_experts[li])) for li, layer in enumerate(layers)}
+    plan = manual_plan(shape, platform.name, every, main_memory_mb=main_memory_mb,
+                       remote_memory_mb=remote_memory_mb, replicas=1, gpu_gb=1.0,
+                       policy="remoe-calibration")
+    run = measure_plan(plan, adapter, prompts, platform=platform, store=store,
+                       max_tokens=max_tokens, workers=workers)
+    return calibrate(cal, run, num_layers=L, top_k=K, hidden=int(shape.hidden_size))
+
+
+def calibrated_problem(p: Any, cal: RemoeCalibration) -> Any:
+    """``p`` with this runtime's measured times: one thread per function whatever its
+    memory (the local backend's workers), so T(y) is flat at the measured slot time; the
+    "GPU" non-experts and experts of the emulated main function run at CPU speed; wires
+    is the measured per-slot cost w of a remote call (2·D bytes per w); GPU<->CPU copies
+    are inside the measured constants (no separate time)."""
+    from moefleet.plan.remoe.problem import TimeLaw
+
+    return dataclasses.replace(
+        p, law=TimeLaw(0.0, 0.0, cal.expert_token_s),
+        nonexpert_token_s=cal.nonexpert_decode_s,
+        nonexpert_prefill_token_s=cal.nonexpert_prefill_token_s,
+        nonexpert_cpu_token_s=cal.nonexpert_decode_s,
+        gpu_expert_token_s=cal.expert_token_s, prefill_factor=cal.prefill_factor,
+        invoke_overhead_s=cal.call_overhead_s,
+        transfer_bytes_s=(2.0 * p.token_bytes / cal.slot_wire_s if cal.slot_wire_s > 0
+                          else FOLDED), swap_bytes_s=FOLDED,
+        notes=(*p.notes, "calibrated on the local runtime"))
+
+
+def metered_prices(p: Any, platform: Any) -> Any:
+    """``p`` with the CPU price per GB-second the platform's meter charges a function at
+    its default vCPUs (what a deployed spec gets), in place of the planner's 1 GB = 1 vCPU
+    (on ``alibaba-fc-gpu``: 2048 MB per vCPU, so 1.3e-5 instead of 2.3e-5 USD per GB-s)."""
+    per_gb_s = float(platform.compute_cost(1024, 1.0))
+    return dataclasses.replace(p, cpu_price_gb_s=per_gb_s,
+                               cpu_mem_price_gb_s=min(p.cpu_mem_price_gb_s, per_gb_s))

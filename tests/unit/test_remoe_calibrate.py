@@ -1,0 +1,98 @@
+"""``moefleet.remoe.calibrate`` by hand: per-part times from fabricated steps and records,
+slot counts from reply sizes, and the calibrated problem the planner and simulator get."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from moefleet.errors import MoefleetError
+from moefleet.plan.remoe.shapes import Timing, model_dims, problem_for
+from moefleet.platform import InvocationRecord, load_platform
+from moefleet.remoe.calibrate import (
+    RemoeCalibration,
+    StepTiming,
+    calibrate,
+    calibrate_in_process,
+    calibrated_problem,
+    metered_prices,
+    record_slots,
+)
+from moefleet.runtime.local import LocalBackend
+from moefleet.runtime.payload import pack
+
+L, K, D = 2, 2, 16
+
+
+def test_in_process_times_by_hand() -> None:
+    steps = [StepTiming(True, 10, 0.100, 0.030),  # 0.07 s non-expert over 2 layers x 10
+             StepTiming(True, 30, 0.200, 0.050),
+             StepTiming(False, 1, 0.010, 0.004), StepTiming(False, 1, 0.012, 0.004),
+             StepTiming(False, 1, 0.050, 0.004)]  # a slow outlier: medians ignore it
+    cal = calibrate_in_process(steps, L, K)
+    assert cal.nonexpert_decode_s == pytest.approx(0.008 / L)  # median of 6, 8, 46 ms
+    assert cal.expert_token_s == pytest.approx(0.004 / (L * K))
+    # prefill: totals over totals (0.22 s non-expert over 2 x 40 tokens; 0.08 s of
+    # experts over 2 x 2 x 40 slots = 0.5 ms a slot, half a decode slot's)
+    assert cal.nonexpert_prefill_token_s == pytest.approx(0.22 / (L * 40))
+    assert cal.prefill_factor == pytest.approx(0.5)
+    with pytest.raises(MoefleetError, match="prefill and decode"):
+        calibrate_in_process(steps[2:], L, K)
+
+
+def _record(slots: int, seconds: float) -> InvocationRecord:
+    n = len(pack({"y": torch.zeros(slots, D)}))
+    return InvocationRecord(function="g", kind="expert", memory_mb=1024, start_s=0.0,
+                            end_s=seconds, layer=0, bytes_out=n)
+
+
+def test_record_slots_reads_the_reply_size() -> None:
+    for n in (0, 1, 2, 7, 300):
+        assert record_slots(_record(n, 0.0), D) == n
+    with pytest.raises(MoefleetError, match="no packet"):
+        record_slots(InvocationRecord(function="g", kind="expert", memory_mb=1024,
+                                      start_s=0.0, end_s=1.0, bytes_out=5), D)
+
+
+def test_remote_call_times_by_hand() -> None:
+    base = RemoeCalibration(nonexpert_decode_s=0.002, nonexpert_prefill_token_s=1e-4,
+                            expert_token_s=0.001, prefill_factor=0.5)
+    h0, w = 0.003, 0.0002
+    dec = [_record(K, h0 + K * (0.001 + w)) for _ in range(3)]
+    pre = [_record(40, h0 + 40 * (0.0005 + w))]
+    tpot = L * (0.002 + 0.004 + K * (0.001 + w))  # round trip 4 ms per layer
+    run = {"results": [SimpleNamespace(tpot_s=tpot)], "remote_records": dec + pre,
+           "cold": {"main_init_s": 0.5, "remote_init_s": 0.2}}
+    cal = calibrate(base, run, num_layers=L, top_k=K, hidden=D)
+    assert cal.slot_wire_s == pytest.approx(w)
+    assert cal.handler_fixed_s == pytest.approx(h0)
+    assert cal.call_overhead_s == pytest.approx(0.004)
+    assert cal.main_init_s == 0.5 and cal.remote_init_s == 0.2
+    with pytest.raises(MoefleetError, match="no decode call"):
+        calibrate(base, {**run, "remote_records": pre}, num_layers=L, top_k=K, hidden=D)
+
+
+def test_calibrated_problem_and_metered_prices() -> None:
+    spec = load_platform("alibaba-fc-gpu")
+    dims = model_dims("gpt2-moe")
+    s = np.full((dims.moe_layers, dims.experts), 1 / dims.experts)
+    p = problem_for(dims, Timing(1e9, 1e9), spec, s, n_in=8, n_out=4, ttft_slo_s=30,
+                    tpot_slo_s=1)
+    cal = RemoeCalibration(0.002, 1e-4, 0.001, 0.5, call_overhead_s=0.004,
+                           slot_wire_s=0.0002)
+    q = metered_prices(calibrated_problem(p, cal), spec)
+    assert q.expert_s(1.0) == q.expert_s(4.0) == pytest.approx(0.001)  # one thread
+    assert q.invoke_overhead_s == 0.004 and q.nonexpert_token_s == 0.002
+    assert 2 * q.token_bytes / q.transfer_bytes_s == pytest.approx(0.0002)
+    # the meter: 1024 MB get 0.5 vCPU on alibaba-fc-gpu (2048 MB per vCPU)
+    assert q.cpu_price_gb_s == pytest.approx(spec.prices.per_gb_s
+                                             + 0.5 * spec.prices.per_vcpu_s)
+    assert p.cpu_price_gb_s == pytest.approx(spec.prices.per_gb_s + spec.prices.per_vcpu_s)
+
+
+def test_local_backend_refuses_a_zero_thread_cap() -> None:
+    with pytest.raises(ValueError, match="max_threads"):
+        LocalBackend("aws-lambda", max_threads=0)
