@@ -11,26 +11,40 @@ the loop with a fake clock and no sleeps.
 
 Approximations (records carry no instance lifetimes): ``instances`` and ``instance_s``
 are the function's replica cap held for the interval (pods); tokens are
-``bytes_in / bytes_per_token`` when ``bytes_per_token`` is given, else calls.
+``bytes_in / bytes_per_token`` when ``bytes_per_token`` is given, else calls. A caller
+whose backend records carry no request id (the executor invokes without one) names the
+request of each record in :meth:`ControlLoop.request_finished`, so request shares are
+per request, not per call.
+
+What the platform cannot apply is never applied raw: the backend clamps to its limits
+(``reconfigure``) and :class:`MemoryFloor` raises a memory below what a function needs
+to start; both are counted (``ControlLoop.clamped``, ``MemoryFloor.clamped``).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from moefleet.autoscale.base import (
     AutoscaleError,
     Controller,
+    Decisions,
     FunctionConfig,
     FunctionMetrics,
     MetricsSnapshot,
+    PolicyState,
 )
 from moefleet.platform import InvocationRecord
 from moefleet.runtime.base import FunctionBackend
+
+_log = logging.getLogger(__name__)
+APPLY_DELAY_S = 1.0  # the default delay between a decision and its effect (the harness's)
 
 
 def _p95(values: list[float]) -> float:
@@ -43,7 +57,7 @@ def _p95(values: list[float]) -> float:
 @dataclass(frozen=True)
 class ControlConfig:
     interval_s: float = 10.0
-    apply_delay_s: float = 1.0
+    apply_delay_s: float = APPLY_DELAY_S
     slo_s: float | None = None
     bytes_per_token: int = 0
 
@@ -55,9 +69,85 @@ class ControlConfig:
             raise AutoscaleError(f"apply delay must be >= 0 s, got {self.apply_delay_s!r}")
 
 
+class MemoryFloor(Controller):
+    """``inner`` with every decided memory raised to the function's floor
+    (``floor_mb[name]``: the least memory its instance starts in on this platform).
+    A decision below it would fail every call (out of memory), so it is clamped, logged
+    and listed in ``clamped`` as (time, function, decided, applied); a decision that
+    the clamp turns into the current config is dropped. Pure otherwise: state is the
+    inner controller's."""
+
+    def __init__(self, inner: Controller, floor_mb: Mapping[str, int]) -> None:
+        self.inner, self.floor_mb = inner, dict(floor_mb)
+        self.name = inner.name
+        self.clamped: list[tuple[float, str, FunctionConfig, FunctionConfig]] = []
+
+    def initial_state(self) -> PolicyState:
+        return self.inner.initial_state()
+
+    def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
+                                                                             PolicyState]:
+        decisions, state = self.inner.decide(snapshot, state)
+        out: dict[str, FunctionConfig] = {}
+        for name, cfg in decisions.items():
+            floor = self.floor_mb.get(name, 0)
+            if cfg.memory_mb < floor:
+                new = replace(cfg, memory_mb=floor)
+                _log.warning("%s: decision %s raised to the memory floor %d MB", name, cfg,
+                             floor)
+                self.clamped.append((snapshot.t_s, name, cfg, new))
+                cfg = new
+            if name not in snapshot.functions or snapshot.functions[name].config != cfg:
+                out[name] = cfg
+        return out, state
+
+
+class Replayed(Controller):
+    """The decisions a run applied, decided again at the same interval: ``applied`` as
+    (time applied since the replay's start, function, config); a decision applied at
+    ``t`` was taken at the snapshot ``apply_delay_s`` before it. For the simulator, to
+    tell the simulator's error from a controller that saw other snapshots and chose
+    otherwise."""
+
+    name = "replayed"
+
+    def __init__(self, applied: Sequence[tuple[float, str, FunctionConfig]], interval_s: float,
+                 apply_delay_s: float = APPLY_DELAY_S) -> None:
+        self.by_interval: dict[int, dict[str, FunctionConfig]] = {}
+        for t, name, cfg in applied:
+            k = max(1, round((t - apply_delay_s) / interval_s))
+            self.by_interval.setdefault(k, {})[name] = cfg
+        self.interval_s = interval_s
+
+    def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
+                                                                             PolicyState]:
+        k = (state or 0) + 1  # the k-th snapshot of the replay
+        return dict(self.by_interval.get(k, {})), k
+
+
+class Deferred(Controller):
+    """``inner`` from time ``start_s`` on; before it, no decisions and no snapshots reach
+    it (the warm-up before a replay is not the controller's to see)."""
+
+    def __init__(self, inner: Controller, start_s: float) -> None:
+        self.inner, self.start_s, self.name = inner, start_s, inner.name
+
+    def initial_state(self) -> PolicyState:
+        return self.inner.initial_state()
+
+    def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
+                                                                             PolicyState]:
+        if snapshot.t_s <= self.start_s + 1e-9:
+            return {}, state
+        return self.inner.decide(snapshot, state)
+
+
 class ControlLoop:
     """Drive ``controller`` against ``backend``; call :meth:`tick` often (or
-    :meth:`run_for`). ``applied`` lists (time, function, config) actually applied."""
+    :meth:`run_for`). ``applied`` lists (time, function, config) actually applied;
+    ``clamped`` the decisions the backend clamped to its limits, as (time, function,
+    decided, applied). ``request_started``/``request_finished`` may be called from any
+    thread."""
 
     def __init__(self, backend: FunctionBackend, controller: Controller,
                  config: ControlConfig | None = None, *,
@@ -73,16 +163,30 @@ class ControlLoop:
         self._arrivals = 0
         self.in_flight = 0
         self.applied: list[tuple[float, str, FunctionConfig]] = []
+        self.clamped: list[tuple[float, str, FunctionConfig, FunctionConfig]] = []
         self.snapshots: list[MetricsSnapshot] = []
+        self._lock = threading.Lock()
+        self._owner: dict[int, str] = {}  # id(record) -> request, for records without one
 
     # ---- what the caller reports about requests ----------------------------------------
     def request_started(self) -> None:
-        self._arrivals += 1
-        self.in_flight += 1
+        with self._lock:
+            self._arrivals += 1
+            self.in_flight += 1
 
-    def request_finished(self, latency_s: float) -> None:
-        self.in_flight = max(0, self.in_flight - 1)
-        self._latencies.append(latency_s)
+    def request_finished(self, latency_s: float, records: Sequence[InvocationRecord] = (),
+                         request_id: str | None = None) -> None:
+        """A request ended after ``latency_s``; ``records`` (its calls) are attributed
+        to ``request_id`` where they carry no request id of their own."""
+        with self._lock:
+            self.in_flight = max(0, self.in_flight - 1)
+            self._latencies.append(latency_s)
+            if request_id is not None:
+                self._owner.update((id(r), request_id) for r in records
+                                   if r.request_id is None)
+
+    def _request_of(self, r: InvocationRecord) -> str | None:
+        return r.request_id if r.request_id is not None else self._owner.get(id(r))
 
     # ---- the loop ----------------------------------------------------------------------
     def tick(self) -> MetricsSnapshot | None:
@@ -91,8 +195,11 @@ class ControlLoop:
         due = [p for p in self._pending if p[0] <= now]
         self._pending = [p for p in self._pending if p[0] > now]
         for _, name, cfg in due:
-            self.backend.reconfigure(name, cfg)
-            self.applied.append((now, name, cfg))
+            spec = self.backend.reconfigure(name, cfg)
+            got = FunctionConfig(spec.memory_mb, spec.replicas, spec.concurrency)
+            if got != cfg:
+                self.clamped.append((now, name, cfg, got))
+            self.applied.append((now, name, got))
         if now - self._last < self.cfg.interval_s:
             return None
         snap = self.snapshot(self._last, now)
@@ -128,7 +235,7 @@ class ControlLoop:
         for name, spec in self.backend.functions().items():
             if spec.kind == "expert" and spec.layer is not None:
                 layer_tokens[spec.layer] += tokens(by_fn[name])
-                layer_reqs[spec.layer] |= {r.request_id for r in by_fn[name]}
+                layer_reqs[spec.layer] |= {self._request_of(r) for r in by_fn[name]}
         functions: dict[str, FunctionMetrics] = {}
         for name, spec in self.backend.functions().items():
             rs = by_fn[name]
@@ -146,13 +253,15 @@ class ControlLoop:
                 cold_starts=sum(r.cold for r in rs), busy_s=sum(lat),
                 instance_s=spec.replicas * interval, p95_latency_s=_p95(lat),
                 token_share=tok / lt if lt else 0.0,
-                request_share=len({r.request_id for r in rs}) / lr if lr else 0.0,
+                request_share=len({self._request_of(r) for r in rs}) / lr if lr else 0.0,
                 interval_s=interval)
-        lats, self._latencies = self._latencies, []
-        arrivals, self._arrivals = self._arrivals, 0
+        with self._lock:
+            lats, self._latencies = self._latencies, []
+            arrivals, self._arrivals = self._arrivals, 0
+            in_flight = self.in_flight
         slo = self.cfg.slo_s
         viol = sum(x > slo for x in lats) / len(lats) if lats and slo is not None else 0.0
         return MetricsSnapshot(t_s=t1, interval_s=interval, functions=functions,
                                arrivals=arrivals, completions=len(lats),
-                               in_flight_requests=self.in_flight, p95_latency_s=_p95(lats),
+                               in_flight_requests=in_flight, p95_latency_s=_p95(lats),
                                slo_s=slo, slo_violation_rate=viol)

@@ -60,6 +60,10 @@ class SimConfig:
     call_overhead_s  fixed extra handler time per call, or per kind of function
                   (``{"segment": s, "expert": s}``): calibration of serialisation and
                   framework overhead the compute profile does not include.
+    caller_overhead_s  per-call time at the caller after the handler (unpacking the
+                  reply, thread hand-off): delays whoever waits for the call, holds no
+                  instance and no node slot (unlike ``warm_start_s``, which is paid inside
+                  the instance's and the node's slot); 0 by default.
     result_bytes_per_token  what the last block returns per token: None = the hidden
                   state (the profile's bytes_per_token); vocabulary x 4 for full fp32
                   logits, as the runtime's executor receives them.
@@ -89,6 +93,7 @@ class SimConfig:
     cold_start_s: float | None = None
     warm_start_s: float | None = None
     call_overhead_s: float | Mapping[str, float] = 0.0
+    caller_overhead_s: float = 0.0
     result_bytes_per_token: int | None = None
     node_slots: int | None = None
     keep_records: bool = False
@@ -104,7 +109,7 @@ class SimConfig:
             raise SimError(f"scaling must be 'on-demand' or 'replicas', got {self.scaling!r}")
         if self.decode not in ("batched", "per-request"):
             raise SimError(f"decode must be 'batched' or 'per-request', got {self.decode!r}")
-        for name in ("keep_alive_s", "apply_delay_s"):
+        for name in ("keep_alive_s", "apply_delay_s", "caller_overhead_s"):
             _check_non_negative(name, getattr(self, name))
         ov = self.call_overhead_s
         for kind, value in (ov.items() if isinstance(ov, Mapping) else [("", ov)]):

@@ -53,6 +53,7 @@ class FunctionPool:
         self.on_demand = sim.scaling == "on-demand"
         self.platform_cap = spec.limits.max_replicas
         self.warm_s = spec.startup.warm_start_s if sim.warm_start_s is None else sim.warm_start_s
+        self.caller_s = sim.caller_overhead_s  # after the handler, off every slot
         cold = spec.startup.cold_start_s if sim.cold_start_s is None else sim.cold_start_s
         self.param_load_s = links.access_s + profile.param_bytes / links.storage_bps
         self.reload = sim.reload_params
@@ -273,7 +274,7 @@ class FunctionPool:
         if self.queue:
             self._drain(now)
         bar = call.barrier
-        visible = now + call.resp_s
+        visible = now + call.resp_s + self.caller_s
         if visible > bar.until:
             bar.until = visible
         bar.pending -= 1
