@@ -14,6 +14,9 @@ median per-window P95 over the SLO, share of intervals within the SLO and the me
 decision latency; for sMoE ``cost_ratio_vs_best_baseline`` (the best baseline is the
 cheapest one whose P95 <= 1.02 x SLO; when none meets it, the one with the lowest P95)
 and ``p95_over_slo``; the training record of each checkpoint (episodes, CPU seconds).
+The baselines include ``static-pop`` (the popularity-aware static plan from predicted
+popularity, :func:`moefleet.autoscale.smoe.evaluate.static_pop`); the ratio against the
+best of the older set without it (``..._without_static_pop``) is written beside.
 """
 
 from __future__ import annotations
@@ -28,7 +31,13 @@ from typing import Any
 
 import torch
 
-from moefleet.autoscale.smoe.evaluate import BASELINES, baseline, evaluate, smoe_factory
+from moefleet.autoscale.smoe.evaluate import (
+    BASELINES,
+    baseline,
+    evaluate,
+    smoe_factory,
+    static_pop,
+)
 from moefleet.autoscale.smoe.train import load_checkpoint
 from moefleet.io import write_json_atomic
 
@@ -36,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "smoe_cost.json"
 ABLATIONS = ("no-cc", "no-dagnn", "no-pointer", "ddpg-only")
 SLO_SLACK = 1.02
+OLD_BASELINES = tuple(b for b in BASELINES if b != "static-pop")
 
 
 def _total_wall(hist: list[dict[str, Any]]) -> float:
@@ -48,12 +58,13 @@ def _total_wall(hist: list[dict[str, Any]]) -> float:
     return total + last
 
 
-def best_baseline(rows: dict[str, Any]) -> tuple[str, bool]:
-    ok = {n: r for n, r in rows.items() if n in BASELINES
+def best_baseline(rows: dict[str, Any], names: tuple[str, ...] = BASELINES
+                  ) -> tuple[str, bool]:
+    ok = {n: r for n, r in rows.items() if n in names
           and r["p95_over_slo"] <= SLO_SLACK}
     if ok:
         return min(ok, key=lambda n: ok[n]["cost_usd"]), True
-    base = {n: r for n, r in rows.items() if n in BASELINES}
+    base = {n: r for n, r in rows.items() if n in names}
     return min(base, key=lambda n: base[n]["p95_over_slo"]), False
 
 
@@ -110,8 +121,10 @@ def main() -> None:
             sys.exit(f"{p} was trained for another setup than {args.full}")
         ctls[f"smoe-{v}"] = make
         ckpts[f"smoe-{v}"] = p
+    warm: dict[str, Any] = {}
     for name, p in ckpts.items():
-        hist = load_checkpoint(p)[4]
+        _, agent, _, _, hist = load_checkpoint(p)
+        warm[name] = {k: v for k, v in agent.warm.items() if k != "search"}
         training[name] = {"episodes": len(hist), "wall_s": _total_wall(hist),
                           "sessions": 1 + sum(b["wall_s"] < a["wall_s"]
                                               for a, b in itertools.pairwise(hist)),
@@ -119,7 +132,7 @@ def main() -> None:
                           # started before CPU accounting count from their resume
                           "cpu_s": hist[-1].get("cpu_s") if hist else None}
     for b in BASELINES:
-        ctls[b] = (lambda b=b: baseline(b, sc, space))
+        ctls[b] = (lambda b=b: baseline(b, sc, space, setup))
     pats = [p.strip() for p in args.patterns.split(",") if p.strip()]
     raw = evaluate(ctls, sc, setup, pats, args.windows, args.seed,
                    progress=lambda s: print(s, file=sys.stderr, flush=True))
@@ -128,7 +141,8 @@ def main() -> None:
         "scenario": setup.scenario, "routing_trace": setup.routing_trace,
         "platform": sc.spec.name, "slo_s": sc.slo_s, "interval_s": sc.interval_s,
         "mean_rps": setup.mean_rps, "window_minutes": setup.window_minutes,
-        "windows_per_pattern": args.windows, "training": training,
+        "windows_per_pattern": args.windows, "training": training, "warm_start": warm,
+        "static_pop": {k: v for k, v in static_pop(sc, setup, space).items() if k != "plan"},
         "ablations_missing": missing,
         "cost_rule": "sum over functions of alive-instance seconds x price per second of "
                      "the function's memory (openfaas-k8s prices)",
@@ -137,10 +151,15 @@ def main() -> None:
     }
     for p, rows in raw.items():
         ref, meets = best_baseline(rows)
+        old, old_meets = best_baseline(rows, OLD_BASELINES)
         s = rows["smoe"]
         out["patterns"][p] = {
             "controllers": rows, "best_baseline": ref, "best_baseline_meets_slo": meets,
             "cost_ratio_vs_best_baseline": s["cost_usd"] / rows[ref]["cost_usd"],
+            "best_baseline_without_static_pop": old,
+            "best_baseline_without_static_pop_meets_slo": old_meets,
+            "cost_ratio_vs_best_baseline_without_static_pop":
+                s["cost_usd"] / rows[old]["cost_usd"],
             "p95_over_slo": s["p95_over_slo"],
             "decision_latency_over_interval": s["decision_latency_s"] / sc.interval_s,
         }
@@ -156,6 +175,8 @@ def main() -> None:
     plot(out, args.out.with_suffix(".png"))
     for p, r in out["patterns"].items():
         print(f"{p}: cost/best({r['best_baseline']}) = {r['cost_ratio_vs_best_baseline']:.3f}, "
+              f"cost/best without static-pop ({r['best_baseline_without_static_pop']}) = "
+              f"{r['cost_ratio_vs_best_baseline_without_static_pop']:.3f}, "
               f"P95/SLO = {r['p95_over_slo']:.3f}")
 
 

@@ -59,7 +59,8 @@ def test_checkpoint_round_trip_and_mismatches(tmp_path: Path) -> None:
 def test_train_resume_and_eval(tmp_path: Path) -> None:
     out = tmp_path / "s.pt"
     base = ["autoscale", "train", "--out", str(out), "--model", TINY, "--slo", "0.2",
-            "--interval", "30", "--window-minutes", "10", "--mean-rps", "0.5", "--json"]
+            "--interval", "30", "--window-minutes", "10", "--mean-rps", "0.5", "--json",
+            "--no-teacher"]
     res = runner.invoke(app, [*base, "--episodes", "1"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["episodes"] == 1
@@ -102,7 +103,8 @@ def test_validation_keeps_the_best_actor(tmp_path: Path) -> None:
                        windows_per_pattern=2)
     out = tmp_path / "v.pt"
     res = train(out, episodes=4, setup=setup, space=SPACE, spec=ActorSpec(hidden=8),
-                ddpg=DDPGConfig(warmup=4, batch_size=4), demo_episodes=1, validate_every=1)
+                ddpg=DDPGConfig(warmup=4, batch_size=4), demo_episodes=1, validate_every=1,
+                teacher=False)
     hist = res["history"]
     assert [h["demo"] for h in hist] == [True, False, True, False]
     scored = [h for h in hist if h["validation"]]

@@ -81,8 +81,11 @@ def train_cmd(
     mean_rps: Annotated[float, typer.Option(help="Windows rescaled to this mean rate.")] = 3.0,
     seed: Annotated[int, typer.Option(help="Seed (windows, networks, exploration).")] = 0,
     threads: Annotated[int, typer.Option(help="torch CPU threads.")] = 1,
-    stay_prior: Annotated[float, typer.Option(
-        help="Initial score bonus of each function's current config (0 = none).")] = 3.0,
+    stay_prior: Annotated[float | None, typer.Option(
+        help="Initial score bonus of each function's current config (0 = none); "
+             "default 3 without --teacher, 0 with it (the clone is the safe start).")] = None,
+    teacher: Annotated[bool, typer.Option(
+        help="Warm start: clone the popularity-aware rule before DDPG (see README).")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="JSON result on stdout.")] = False,
 ) -> None:
     """Train sMoE offline in the simulator on Azure Functions 2019 windows (slow,
@@ -103,6 +106,8 @@ def train_cmd(
             raise MoefleetError(f"--window-minutes {window_minutes} must be in 1..60 and "
                                 f"--mean-rps {mean_rps:g} in (0, 1000]")
         torch.set_num_threads(threads)
+        if stay_prior is None:
+            stay_prior = 0.0 if teacher else 3.0
         if not (0 <= stay_prior <= 100):
             raise MoefleetError(f"--stay-prior must be in [0, 100], got {stay_prior:g}")
         spec, space = variant_parts(variant)
@@ -115,7 +120,7 @@ def train_cmd(
         bar = _Progress(f"training sMoE ({variant})", episodes)
         try:
             res = train(out, episodes=episodes, setup=setup, space=space, spec=spec,
-                        seed=seed, resume=resume, time_budget_s=time_budget,
+                        seed=seed, resume=resume, time_budget_s=time_budget, teacher=teacher,
                         progress=lambda d, n, row: bar.step(
                             d, f"{row['pattern']} cost ${row['cost_usd']:.4f} "
                                f"P95 {row['p95_s']:.3g}s reward {row['reward']:.1f}"))
@@ -135,7 +140,8 @@ def eval_cmd(
     checkpoint: Annotated[list[Path], typer.Option(
         "--checkpoint", "-c", help="sMoE checkpoint(s) to compare (repeatable).")],
     baselines: Annotated[str, typer.Option(
-        help="Comma list of static,hpa,elasticmoe,faasconf.")] = "static,hpa,elasticmoe,faasconf",
+        help="Comma list of static,static-pop,hpa,elasticmoe,faasconf.")] = (
+        "static,static-pop,hpa,elasticmoe,faasconf"),
     pattern: Annotated[list[str] | None, typer.Option(
         help="slow|normal|bursty (repeatable; default all three).")] = None,
     windows: Annotated[int, typer.Option(help="Held-out windows per pattern.")] = 2,
@@ -174,7 +180,7 @@ def eval_cmd(
         for b in filter(None, (s.strip() for s in baselines.split(","))):
             if b not in BASELINES:
                 raise MoefleetError(f"unknown baseline {b!r}", f"use {', '.join(BASELINES)}")
-            ctls[b] = (lambda b=b: baseline(b, sc, space))
+            ctls[b] = (lambda b=b: baseline(b, sc, space, setup))
         total = len(pats) * len(ctls) * windows
         bar = _Progress("evaluating", total)
         done = [0]

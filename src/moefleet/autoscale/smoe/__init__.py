@@ -6,7 +6,9 @@
 
 ``graph``: the DAG and state features; ``space``: configurations and the memory filter;
 ``nets``: the networks; ``agent``: DDPG and the controller; ``harness``: the simulator
-scenario every controller is compared on; ``train``: offline training and checkpoints.
+scenario every controller is compared on; ``popularity``: the popularity-aware static
+plan (``static-pop`` baseline) and the warm start's teacher; ``imitation``: behaviour
+cloning of the teacher; ``train``: offline training and checkpoints.
 """
 
 from moefleet.autoscale.smoe.agent import DDPGConfig, SmoeAgent, SmoeController, group_rewards

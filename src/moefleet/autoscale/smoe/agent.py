@@ -41,6 +41,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,6 +53,7 @@ from moefleet.autoscale.base import (
     PolicyState,
 )
 from moefleet.autoscale.smoe.graph import NUM_FEATURES, PipelineDAG, node_features
+from moefleet.autoscale.smoe.imitation import teacher_loss
 from moefleet.autoscale.smoe.nets import ActorSpec, SmoeActor, SmoeCritic, soft_action
 from moefleet.autoscale.smoe.space import ConfigSpace
 
@@ -78,6 +80,8 @@ class DDPGConfig:
     epsilon_decay: float = 0.995  # per control interval
     bc_weight: float = 1.0  # imitation of demonstration transitions, fading out ...
     bc_updates: int = 3000  # ... linearly over this many updates
+    bc_pretrain_steps: int = 600  # behaviour cloning of the teacher before DDPG ...
+    bc_lr: float = 3e-3  # ... with its own optimiser at this rate
 
 
 @dataclass
@@ -90,6 +94,7 @@ class Transition:
     valid2_NC: torch.Tensor
     demo: bool = False  # the action came from a demonstrating controller
     slo_ok: bool = True  # the interval it ran in met the SLO (only those are imitated)
+    target_N: torch.Tensor | None = None  # the teacher's config per node (-1 = none)
 
 
 def group_rewards(dag: PipelineDAG, snap: MetricsSnapshot, slo_s: float,
@@ -151,6 +156,8 @@ class SmoeAgent:
         # Model selection (see train.py): the best-validated actor and its score.
         self.best: dict[str, float] | None = None
         self.actor_best: dict[str, torch.Tensor] | None = None
+        # Warm start record (train.py): the teacher's rule, its search, the cloning.
+        self.warm: dict[str, Any] = {}
         self.steps = 0
         self.updates = 0
 
@@ -223,11 +230,14 @@ class SmoeAgent:
         nn.utils.clip_grad_norm_(self.critic.parameters(), 5.0)
         self.opt_c.step()
         loss_a = self.actor_loss(x, valid)
-        # Imitate only demonstrated decisions that kept the SLO: HPA and ElasticMoE
-        # break it on bursts, and copying those would teach the breakage.
-        demo_B = torch.tensor([t.demo and t.slo_ok for t in batch])
         bc_w = cfg.bc_weight * max(0.0, 1.0 - self.updates / max(cfg.bc_updates, 1))
-        if bc_w > 0 and bool(demo_B.any()):
+        teach = teacher_loss(self.actor, batch) if bc_w > 0 else None
+        # Without a teacher's labels, imitate only demonstrated decisions that kept the
+        # SLO: HPA and ElasticMoE break it on bursts, and copying those would teach it.
+        demo_B = torch.tensor([t.demo and t.slo_ok for t in batch])
+        if teach is not None:
+            loss_a = loss_a + bc_w * teach
+        elif bc_w > 0 and bool(demo_B.any()):
             # Warm start from logged experience: cross-entropy toward the demonstrated
             # configs (valid by construction), fading out so the critic takes over.
             logp_BNC = torch.log_softmax(self.actor(x[demo_B], valid[demo_B]), dim=-1)
@@ -264,6 +274,7 @@ class _Prev:
     valid_NC: torch.Tensor
     action_N: torch.Tensor
     demo: bool = False
+    target_N: torch.Tensor | None = None
 
 
 @dataclass
@@ -278,12 +289,15 @@ class SmoeController(AutoscalePolicy):
     configs, takes the arg-max config of every function and returns those that change.
     With ``learn=True`` it also turns each snapshot into the reward of the previous
     decision, stores the transition and runs DDPG updates (the agent's weights and
-    replay are the mutable part; the returned state stays an immutable value)."""
+    replay are the mutable part; the returned state stays an immutable value).
+    A ``teacher`` (learning only) labels every snapshot with its own decision, which
+    the actor imitates (DAgger-style: on the states the learner visits); it never acts."""
 
     name = "smoe"
 
     def __init__(self, agent: SmoeAgent, slo_s: float, price_per_s: Callable[[int], float],
-                 *, learn: bool = False, behaviour: AutoscalePolicy | None = None) -> None:
+                 *, learn: bool = False, behaviour: AutoscalePolicy | None = None,
+                 teacher: AutoscalePolicy | None = None) -> None:
         if not (math.isfinite(slo_s) and slo_s > 0):
             from moefleet.autoscale.base import AutoscaleError
 
@@ -294,9 +308,11 @@ class SmoeController(AutoscalePolicy):
         self.options = (sp.memory_mb, sp.replicas, sp.concurrency)
         self.log = StepLog()
         self.behaviour = behaviour  # acts instead of the actor (logged experience)
+        self.teacher = teacher
 
     def initial_state(self) -> PolicyState:
-        return (None, self.behaviour.initial_state() if self.behaviour is not None else None)
+        return (None, self.behaviour.initial_state() if self.behaviour is not None else None,
+                self.teacher.initial_state() if self.teacher is not None else None)
 
     def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
                                                                              PolicyState]:
@@ -307,23 +323,28 @@ class SmoeController(AutoscalePolicy):
         x_NF, peak_N = node_features(ag.dag, snapshot, self.slo_s, self.options)
         valid_NC = ag.space.valid_mask(torch.tensor(ag.dag.param_bytes), peak_N,
                                        ag.dag.bytes_per_token)
-        prev, b_state = state if isinstance(state, tuple) else (state, None)
+        # (prev, behaviour state, teacher state); shorter tuples are older states.
+        parts = state if isinstance(state, tuple) else (state,)
+        prev, b_state, t_state = (*parts, None, None)[:3]
         if self.learn and isinstance(prev, _Prev):
             r_G = group_rewards(ag.dag, snapshot, self.slo_s, self.price_per_s, ag.cfg)
             self.log.rewards.append(float(r_G.sum()))
             ag.remember(Transition(prev.x_NF, prev.valid_NC, prev.action_N, r_G, x_NF,
                                    valid_NC, prev.demo,
-                                   slo_term(snapshot, self.slo_s, 1.0) == 0.0))
+                                   slo_term(snapshot, self.slo_s, 1.0) == 0.0, prev.target_N))
             for _ in range(ag.cfg.updates_per_step):
                 out = ag.update()
                 if out:
                     self.log.losses.append(out)
             ag.decay_epsilon()
+        target_N = None
+        if self.learn and self.teacher is not None:
+            taught, t_state = self.teacher.decide(snapshot, t_state)
+            target_N = self._indices(taught, snapshot)
+            target_N[~valid_NC.gather(1, target_N[:, None])[:, 0]] = -1  # filtered out
         if self.behaviour is not None:
             wanted, b_state = self.behaviour.decide(snapshot, b_state)
-            action_N = torch.tensor([
-                ag.space.index_of(wanted.get(n, snapshot.functions[n].config))
-                for n in ag.dag.names])
+            action_N = self._indices(wanted, snapshot)
             action_N = ag.explore(action_N, valid_NC) if self.learn else action_N
         else:
             action_N = ag.act(x_NF, valid_NC, explore=self.learn)
@@ -333,4 +354,10 @@ class SmoeController(AutoscalePolicy):
             if cfg != snapshot.functions[name].config:
                 out_d[name] = cfg
         self.log.decide_s.append(time.perf_counter() - t0)
-        return out_d, (_Prev(x_NF, valid_NC, action_N, self.behaviour is not None), b_state)
+        return out_d, (_Prev(x_NF, valid_NC, action_N, self.behaviour is not None, target_N),
+                       b_state, t_state)
+
+    def _indices(self, wanted: Decisions, snapshot: MetricsSnapshot) -> torch.Tensor:
+        """Config index per node of ``wanted`` (the current config where it is silent)."""
+        return torch.tensor([self.agent.space.index_of(wanted.get(n, snapshot.functions[n].config))
+                             for n in self.agent.dag.names])

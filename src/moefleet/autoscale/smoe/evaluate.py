@@ -1,7 +1,10 @@
 """Evaluate controllers on held-out Azure windows in the harness (same scenario, same
 arrivals, same cost accounting for all).
 
-Controllers by name: ``static`` (the starting plan, ServerlessMoE-style), ``hpa``
+Controllers by name: ``static`` (the uniform starting plan), ``static-pop`` (the
+popularity-aware static plan ServerlessMoE's ODS would deploy from *predicted* expert
+popularity, see :mod:`moefleet.autoscale.smoe.popularity`: shares from the training
+half of the routing trace, the rule chosen on training windows only), ``hpa``
 (OpenFaaS-style requests-per-second HPA), ``elasticmoe``, ``faasconf`` (FaaSConf-like,
 see :mod:`moefleet.autoscale.faasconf`), and any sMoE checkpoint (``smoe`` and its
 ablations). Held-out: training uses a pattern's first ``windows_per_pattern`` windows
@@ -24,20 +27,34 @@ from moefleet.autoscale.smoe.harness import (
     run_episode,
     window_arrivals,
 )
+from moefleet.autoscale.smoe.popularity import (
+    PlanPolicy,
+    candidate_rules,
+    pop_plan,
+    predicted_shares,
+    search_static_pop,
+)
 from moefleet.autoscale.smoe.space import ConfigSpace
 from moefleet.autoscale.smoe.train import TrainSetup, controller_from_checkpoint
 from moefleet.errors import UnknownNameError
 
-BASELINES = ("static", "hpa", "elasticmoe", "faasconf")
+BASELINES = ("static", "static-pop", "hpa", "elasticmoe", "faasconf")
 HPA_RPS_PER_REPLICA = 10.0  # ASSUMPTION: OpenFaaS-style rps target per replica
 
 
-def baseline(name: str, sc: Scenario, space: ConfigSpace) -> AutoscalePolicy | None:
+def baseline(name: str, sc: Scenario, space: ConfigSpace, setup: TrainSetup | None = None,
+             data_path: str | None = None) -> AutoscalePolicy | None:
     """A baseline controller (None = the static plan), wrapped in the shared bounds and
-    delays where it scales."""
+    delays where it scales. ``static-pop`` needs the ``setup`` (its training windows)."""
     bounds = ScalingBounds(1, space.replicas[-1], 1, space.concurrency[-1])
     if name == "static":
         return None
+    if name == "static-pop":
+        if setup is None:
+            raise AutoscaleError("the static-pop baseline needs the training setup",
+                                 "pass the checkpoint's setup")
+        plan = static_pop(sc, setup, space, data_path)["plan"]
+        return None if plan is None else PlanPolicy("static-pop", plan)
     if name == "hpa":
         return BoundedPolicy(HPAPolicy(HPA_RPS_PER_REPLICA, "rps"), bounds,
                              downscale_delay_s=3 * sc.interval_s, tolerance=0.1)
@@ -50,6 +67,29 @@ def baseline(name: str, sc: Scenario, space: ConfigSpace) -> AutoscalePolicy | N
                                                                   space.replicas))
     raise UnknownNameError(f"unknown controller {name!r}",
                            f"use one of {', '.join(BASELINES)} or an sMoE checkpoint path")
+
+
+_STATIC_POP: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
+def static_pop(sc: Scenario, setup: TrainSetup, space: ConfigSpace,
+               data_path: str | None = None) -> dict[str, Any]:
+    """The static-pop plan of a setup (searched once per process on the training
+    validation windows): ``plan`` (None = no candidate met the SLO there, so the
+    uniform starting plan stands), ``rule`` and the search ``table``."""
+    key = (setup, space.fingerprint(), data_path)
+    if key not in _STATIC_POP:
+        from moefleet.autoscale.smoe.train import Validation
+
+        val = Validation(sc, setup, data_path)
+        rule, table = search_static_pop(sc, val.episodes,
+                                        candidate_rules(sc, max_replicas=space.replicas[-1]))
+        shares = predicted_shares(sc)
+        _STATIC_POP[key] = {
+            "rule": None if rule is None else rule.label(), "table": table,
+            "plan": None if rule is None else pop_plan(sc, rule, shares),
+            "predicted_shares": shares}
+    return _STATIC_POP[key]
 
 
 def eval_windows(setup: TrainSetup, pattern: str, count: int,

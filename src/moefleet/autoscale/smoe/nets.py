@@ -13,6 +13,14 @@ the attention context (expert state = its embedding and the graph embedding);
 ``flat=True`` is "DDPG alone": one MLP over the flattened state emitting every node's
 scores at once (no DAG, no pointer, no shared SISO head).
 
+Direct head (``skip``, not in ``flat``): the SISO head sees each node's raw features
+beside its DAGNN/pointer state s, and scores ``w . tanh(A s + B phi + b) + (U s) . (V
+phi)``. The bilinear term lets a node's own state (its token share) prefer configs
+directly; the ReLU head without it collapsed to one config for every node (dead units:
+behaviour cloning of the popularity-aware teacher sat at a constant loss, and the
+clone's wrong replica moves broke the SLO 45x in validation). On the same labels the
+direct head reached 97% held-out arg-max agreement in 300 steps, ReLU + bilinear 76%.
+
 Stay prior (``stay_prior`` > 0, every variant): a learned scalar kappa, initialised to
 ``stay_prior``, is added to the score of each function's *current* configuration. An
 untrained actor then keeps the deployment as it is (the starting plan) instead of
@@ -38,6 +46,7 @@ class ActorSpec:
     flat: bool = False
     heads: int = 2
     stay_prior: float = 3.0  # initial score bonus of each function's current config
+    skip: bool = True  # raw features + a bilinear term in the SISO head (module doc)
 
 
 def current_config_BNC(x_BNF: torch.Tensor, config_CD: torch.Tensor) -> torch.Tensor:
@@ -161,10 +170,15 @@ class SmoeActor(nn.Module):
         if spec.pointer:
             self.pointer = PointerNet(state, spec.heads)
             state *= 2
+        if spec.skip:
+            state += num_features
         # SISO head: score(s, phi) = w . relu(A s + Bc phi + b); A s is shared by all phi.
         self.s_proj = nn.Linear(state, H)
         self.c_proj = nn.Linear(D, H, bias=False)
-        self.head = nn.Sequential(nn.ReLU(), nn.Linear(H, 1))
+        self.head = nn.Sequential(nn.Tanh() if spec.skip else nn.ReLU(), nn.Linear(H, 1))
+        if spec.skip:
+            self.s_bil = nn.Linear(state, H)
+            self.c_bil = nn.Linear(D, H, bias=False)
 
     def node_states(self, x_BNF: torch.Tensor) -> torch.Tensor:
         h_BNH, g_BH = self.encoder(x_BNF)
@@ -191,9 +205,14 @@ class SmoeActor(nn.Module):
             raw_BNC = self.flat(x_BNF.reshape(B, -1)).reshape(B, self.num_nodes, -1)
         else:
             s_BND = self.node_states(x_BNF)
+            if self.spec.skip:
+                s_BND = torch.cat([s_BND, x_BNF], dim=-1)
             cfg: torch.Tensor = self.config_CD  # type: ignore[assignment]
             z_BNCH = self.s_proj(s_BND)[:, :, None] + self.c_proj(cfg)[None, None]
             raw_BNC = self.head(z_BNCH).squeeze(-1)
+            if self.spec.skip:
+                raw_BNC = raw_BNC + torch.einsum("bnh,ch->bnc", self.s_bil(s_BND),
+                                                 self.c_bil(cfg))
         if self.spec.stay_prior > 0:
             cfg_CD: torch.Tensor = self.config_CD  # type: ignore[assignment]
             raw_BNC = raw_BNC + self.stay * current_config_BNC(x_BNF, cfg_CD)

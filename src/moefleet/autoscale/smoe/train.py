@@ -10,14 +10,21 @@ is an :class:`AutoscaleError`. Resuming continues the episode count, the explora
 rate and the optimiser state; the replay memory keeps its newest ``REPLAY_SAVED``
 transitions (the rest would make checkpoints hundreds of MB).
 
-Warm start: the first episodes are acted by the baseline controllers in turn (static,
-HPA, ElasticMoE, with local exploration); their transitions fill the replay and the
-actor imitates them at first (logged experience, as the paper trains from a function
-logger's history). Model selection: every ``validate_every`` learning episodes the
-greedy policy runs a fixed set of *training* windows (never the held-out ones); the
-actor with the best score (cost relative to the static plan on the same windows, plus
-a steep penalty for P95 above 1.02 x SLO) is kept in the checkpoint beside the latest
-one and is the one that acts at evaluation. DDPG's return drifts from episode to
+Warm start: the first episodes are acted by demonstrators in turn (the popularity-aware
+one of :mod:`~moefleet.autoscale.smoe.popularity`, the static plan, HPA, ElasticMoE,
+with local exploration); their transitions fill the replay (logged experience, as the
+paper trains from a function logger's history). With ``teacher`` the popularity-aware
+rule (``rho`` and segment config from the static-pop search on training windows) also
+labels *every* state any controller visits with its decision; before the first DDPG
+episode the actor is behaviour-cloned on those labels (``bc_pretrain_steps``), the
+clone is validated like any later actor, and DDPG fine-tunes it with the imitation
+term fading out. The learned actor acts at evaluation, never the rule.
+
+Model selection: every ``validate_every`` learning episodes the greedy policy runs a
+fixed set of *training* windows (never the held-out ones); the actor with the best
+score (cost relative to the static plan on the same windows, plus a steep penalty for
+P95 above 1.02 x SLO) is kept in the checkpoint beside the latest one and is the one
+that acts at evaluation. DDPG's return drifts from episode to
 episode; without this the last weights are a lottery.
 """
 
@@ -34,7 +41,7 @@ from typing import Any
 
 import torch
 
-from moefleet.autoscale.base import AutoscaleError, AutoscalePolicy
+from moefleet.autoscale.base import AutoscaleError, AutoscalePolicy, FunctionConfig
 from moefleet.autoscale.smoe.agent import DDPGConfig, SmoeAgent, SmoeController, Transition
 from moefleet.autoscale.smoe.graph import PipelineDAG
 from moefleet.autoscale.smoe.harness import (
@@ -45,7 +52,14 @@ from moefleet.autoscale.smoe.harness import (
     run_episode,
     window_arrivals,
 )
+from moefleet.autoscale.smoe.imitation import pretrain
 from moefleet.autoscale.smoe.nets import ActorSpec
+from moefleet.autoscale.smoe.popularity import (
+    PopRule,
+    PopularityDemonstrator,
+    candidate_rules,
+    search_static_pop,
+)
 from moefleet.autoscale.smoe.space import ConfigSpace
 from moefleet.io import atomic_path
 
@@ -128,7 +142,7 @@ def save_checkpoint(path: str | Path, agent: SmoeAgent, setup: TrainSetup,
         "epsilon": agent.epsilon, "updates": agent.updates,
         "rng": agent.rng.getstate(), "torch_rng": torch.get_rng_state(),
         "replay": [dataclasses.astuple(t) for t in list(agent.replay)[-REPLAY_SAVED:]],
-        "best": agent.best, "actor_best": agent.actor_best,
+        "best": agent.best, "actor_best": agent.actor_best, "warm": agent.warm,
     }
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
@@ -169,7 +183,8 @@ def load_checkpoint(path: str | Path, *, expect_setup: TrainSetup | None = None,
     if expect_space is not None and expect_space.fingerprint() != st["space_id"]:
         raise AutoscaleError(f"checkpoint {p} was trained for another configuration space "
                              f"({st['space']})", "use the same space or retrain")
-    spec = ActorSpec(**{"stay_prior": 0.0, **st["spec"]})  # older checkpoints: none
+    # Older checkpoints have no stay prior and no skip connection.
+    spec = ActorSpec(**{"stay_prior": 0.0, "skip": False, **st["spec"]})
     sc, agent = new_agent(setup, space, spec, DDPGConfig(**st["ddpg"]), seed=0)
     if agent.dag.fingerprint() != st["dag"]:
         raise AutoscaleError(f"checkpoint {p} is for pipeline {st['dag']}, this model builds "
@@ -182,6 +197,7 @@ def load_checkpoint(path: str | Path, *, expect_setup: TrainSetup | None = None,
     for row in st["replay"]:
         agent.remember(Transition(*row))
     agent.best, agent.actor_best = st.get("best"), st.get("actor_best")
+    agent.warm = dict(st.get("warm") or {})
     return sc, agent, setup, int(st["episodes"]), list(st["history"])
 
 
@@ -192,7 +208,7 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
           space: ConfigSpace | None = None, spec: ActorSpec | None = None,
           ddpg: DDPGConfig | None = None, seed: int = 0, resume: bool = False,
           time_budget_s: float | None = None, data_path: str | None = None,
-          demo_episodes: int = 3, validate_every: int = 2,
+          demo_episodes: int = 4, validate_every: int = 2, teacher: bool = True,
           progress: ProgressFn | None = None) -> dict[str, Any]:
     """Train for ``episodes`` episodes in total (a resumed run counts the ones done),
     saving the checkpoint after every episode; stops early at ``time_budget_s``. The
@@ -200,7 +216,8 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
     the :func:`demonstrators` in turn with local exploration; the actor imitates them at
     first (``DDPGConfig.bc_weight``) while the critic learns from everything. Every
     ``validate_every`` learning episodes (0 = never) the greedy policy is scored on
-    :func:`validation_windows` and the best actor is kept (module doc)."""
+    :func:`validation_windows` and the best actor is kept (module doc). ``teacher``:
+    label states with the popularity-aware rule and clone it before DDPG (module doc)."""
     if episodes < 1:
         raise AutoscaleError(f"episodes must be >= 1, got {episodes}", "pass --episodes 20")
     if resume and Path(out).exists():
@@ -208,17 +225,33 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
                                                           expect_space=space)
     else:
         setup = setup or TrainSetup()
-        sc, agent = new_agent(setup, space or ConfigSpace(), spec or ActorSpec(),
+        # With a teacher the cloned actor is the safe start; a stay prior would block
+        # the clone's moves (the labels mostly say "stay", so it only grows).
+        spec = spec or ActorSpec(stay_prior=0.0 if teacher else ActorSpec.stay_prior)
+        sc, agent = new_agent(setup, space or ConfigSpace(), spec,
                               ddpg or DDPGConfig(), seed)
         done, history = 0, []
     windows: dict[str, list[Any]] = {}  # found lazily: a short run needs few patterns
-    ctl = SmoeController(agent, sc.slo_s, sc.price_per_s, learn=True)
-    demo_ctls = [SmoeController(agent, sc.slo_s, sc.price_per_s, learn=True, behaviour=b)
-                 for b in demonstrators(sc, agent.space)]
-    val: Validation | None = None
     t0 = time.perf_counter()
     # Checkpoints from before CPU accounting have no cpu_s: count from 0 then.
     cpu0 = time.process_time() - (float(history[-1].get("cpu_s") or 0.0) if history else 0.0)
+    val: Validation | None = None
+    rule = None
+    if teacher:
+        if "teacher" not in agent.warm:  # the planner's search, once per checkpoint
+            val = Validation(sc, setup, data_path)
+            found, table = search_static_pop(sc, val.episodes, candidate_rules(
+                sc, max_replicas=agent.space.replicas[-1]))
+            agent.warm["teacher"] = None if found is None else {
+                "rho": found.rho, "segment": dataclasses.asdict(found.segment),
+                "max_replicas": found.max_replicas}
+            agent.warm["search"] = table
+        rule = rule_from(agent.warm.get("teacher"))
+    tutor = PopularityDemonstrator(rule) if rule is not None else None
+    ctl = SmoeController(agent, sc.slo_s, sc.price_per_s, learn=True, teacher=tutor)
+    demo_ctls = [SmoeController(agent, sc.slo_s, sc.price_per_s, learn=True, behaviour=b,
+                                teacher=tutor)
+                 for b in demonstrators(sc, agent.space, rule)]
     while done < episodes:
         if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
             break
@@ -232,6 +265,20 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
         arrivals, duration = window_arrivals(w, setup.mean_rps, seed + done, data_path)
         demo = done < demo_episodes or (done % 3 == 2 and done < 4 * demo_episodes)
         use = demo_ctls[done % len(demo_ctls)] if demo else ctl
+        if not demo and tutor is not None and "bc" not in agent.warm:
+            # Behaviour cloning before the first DDPG episode; the clone is validated
+            # and can be the kept actor like any later one.
+            # (A resumed pre-teacher checkpoint has no labels: nothing to clone, and
+            # its kept actor is only replaced by a better one.)
+            bc = agent.warm["bc"] = pretrain(agent, agent.cfg.bc_pretrain_steps)
+            if bc["steps"]:
+                val = val or Validation(sc, setup, data_path)
+                clone = {**val.score(SmoeController(agent, sc.slo_s, sc.price_per_s)),
+                         "episode": done}
+                bc["validation"] = clone
+                if agent.best is None or clone["score"] < agent.best["score"]:
+                    agent.best = clone
+                    agent.actor_best = copy.deepcopy(agent.actor.state_dict())
         use.log.rewards.clear()
         res = run_episode(sc, use, arrivals, duration, seed=seed + done)
         done += 1
@@ -257,19 +304,29 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
             "checkpoint": str(out)}
 
 
-def demonstrators(sc: Scenario, space: ConfigSpace) -> list[AutoscalePolicy]:
-    """The controllers whose logged experience warm-starts training, in turn: the static
-    plan, HPA (requests per second) and ElasticMoE, with the evaluation's bounds and
-    delays (the paper trains offline from a function logger's history)."""
+def demonstrators(sc: Scenario, space: ConfigSpace,
+                  rule: PopRule | None = None) -> list[AutoscalePolicy]:
+    """The controllers whose logged experience warm-starts training, in turn: the
+    popularity-aware rule (when given), the static plan, HPA (requests per second) and
+    ElasticMoE, with the evaluation's bounds and delays (the paper trains offline from
+    a function logger's history)."""
     from moefleet.autoscale.base import StaticPolicy
     from moefleet.autoscale.smoe.evaluate import baseline
 
-    out: list[AutoscalePolicy] = [StaticPolicy()]
+    out: list[AutoscalePolicy] = [] if rule is None else [PopularityDemonstrator(rule)]
+    out.append(StaticPolicy())
     for name in ("hpa", "elasticmoe"):
         b = baseline(name, sc, space)
         assert b is not None
         out.append(b)
     return out
+
+
+def rule_from(d: dict[str, Any] | None) -> PopRule | None:
+    """The popularity rule a checkpoint stored (None: no teacher)."""
+    if not d:
+        return None
+    return PopRule(float(d["rho"]), FunctionConfig(**d["segment"]), int(d["max_replicas"]))
 
 
 class Validation:
