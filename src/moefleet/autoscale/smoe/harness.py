@@ -80,9 +80,10 @@ def build_scenario(model: str = DEFAULT_MODEL, *, slo_s: float = 0.3,
                    expert_memory_mb: int = 1024, replicas: int = 2,
                    segment_replicas: int = 2, routing_trace: str = "") -> Scenario:
     """The scenario. The starting plan is uniform (``segment_memory_mb`` per segment,
-    ``expert_memory_mb`` x ``replicas`` per expert; ``segment_replicas`` segment pods);
-    :func:`moefleet.autoscale.smoe.baselines.search_static` picks the static baseline's
-    values offline. (The ODS plan, solved for on-demand invocations, is reported
+    ``expert_memory_mb`` x ``replicas`` per expert; ``segment_replicas`` segment pods),
+    and it is the ``static`` baseline; the popularity-aware ``static-pop`` baseline is
+    searched offline by :func:`moefleet.autoscale.smoe.popularity.search_static_pop`.
+    (The ODS plan, solved for on-demand invocations, is reported
     separately by the benchmark: its small experts are not a pod deployment.)
     ``routing_trace`` (a Parquet routing trace) replaces uniform routing (module doc)."""
     if not (math.isfinite(interval_s) and interval_s > 0):
