@@ -23,21 +23,11 @@ from moefleet.plan.remoe import (
 )
 from moefleet.plan.remoe.problem import InfeasibleError
 from moefleet.plan.remoe.solve import worst_case
-
-GB = 2**30
+from tests.unit.remoe_helpers import GB, remoe_problem
 
 
 def tiny(**kw: object) -> RemoeProblem:
-    base: dict[str, object] = dict(
-        model="t", s_LE=np.array([[0.75, 0.25]]), top_k=1, n_in=4, n_out=2,
-        ttft_slo_s=100.0, tpot_slo_s=100.0, main_memory_mb=(1024, 2048),
-        remote_memory_mb=(1024, 2048), cpu_price_gb_s=1.0, gpu_price_gb_s=3.0,
-        token_bytes=100.0, transfer_bytes_s=1000.0, invoke_overhead_s=0.5,
-        law=TimeLaw(0.0, 0.0, 2.0), expert_bytes=0.25 * GB, nonexpert_bytes=0.5 * GB,
-        kv_bytes_per_token=0.0, nonexpert_token_s=1.0, nonexpert_cpu_token_s=4.0,
-        gpu_expert_token_s=0.1, swap_bytes_s=200.0, cold_main_s=3.0, cold_remote_s=1.0)
-    base.update(kw)
-    return RemoeProblem(**base)  # type: ignore[arg-type]
+    return remoe_problem(**kw)
 
 
 def test_equations_by_hand() -> None:

@@ -7,25 +7,17 @@ import numpy as np
 import pytest
 import torch
 
-from moefleet.plan.remoe import Layout, RemoeProblem, TimeLaw, evaluate
+from moefleet.plan.remoe import Layout, RemoeProblem, evaluate
 from moefleet.runtime.scatter import assign
 from moefleet.sim.config import SimError
 from moefleet.sim.remoe import Pass, RemoeSimulator, split_chunks
-
-GB = 2**30
+from tests.unit.remoe_helpers import remoe_problem
 
 
 def _problem(s_LE: np.ndarray, top_k: int = 1, **kw: object) -> RemoeProblem:
-    base: dict[str, object] = dict(
-        model="t", s_LE=s_LE, top_k=top_k, n_in=4, n_out=3, ttft_slo_s=1e3,
-        tpot_slo_s=1e3, main_memory_mb=(1024, 2048), remote_memory_mb=(1024, 2048),
-        cpu_price_gb_s=1.0, gpu_price_gb_s=3.0, token_bytes=100.0, transfer_bytes_s=1000.0,
-        invoke_overhead_s=0.5, law=TimeLaw(0.0, 0.0, 2.0), expert_bytes=0.25 * GB,
-        nonexpert_bytes=0.5 * GB, kv_bytes_per_token=0.0, nonexpert_token_s=1.0,
-        nonexpert_cpu_token_s=4.0, gpu_expert_token_s=0.1, swap_bytes_s=200.0,
-        cold_main_s=0.0, cold_remote_s=0.0, prefill_factor=0.5)
-    base.update(kw)
-    return RemoeProblem(**base)  # type: ignore[arg-type]
+    return remoe_problem(**{"s_LE": s_LE, "top_k": top_k, "n_out": 3, "ttft_slo_s": 1e3,
+                            "tpot_slo_s": 1e3, "prefill_factor": 0.5, "cold_main_s": 0.0,
+                            "cold_remote_s": 0.0, **kw})
 
 
 @pytest.mark.parametrize("seed", range(6))
