@@ -98,3 +98,31 @@ def server() -> Iterator[Server]:
     # Requests without max_tokens get 16, not the whole context: fuzzing stays fast.
     with running(default_max_tokens=16) as s:
         yield s
+
+
+# -- the deployed-plan servers' requests (serve --plan, ODS and Remoe) -------------------
+PLAN_PROMPTS = ["The old castle stood", "A river ran", "Nobody lived in the"]
+
+
+def complete_plan_prompts(url: str) -> dict[str, Any]:
+    """PLAN_PROMPTS, 5 greedy tokens each, in one /v1/completions request."""
+    import requests
+
+    r = requests.post(url + "/v1/completions", json={
+        "model": MODEL, "prompt": PLAN_PROMPTS, "max_tokens": 5, "temperature": 0,
+        "ignore_eos": True}, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def billed_series(url: str) -> dict[tuple[str, str, str], float]:
+    """(function, part, basis) -> value of every billed_cost_usd_total series."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(requests.get(url + "/metrics", timeout=30).text):
+        for s in fam.samples:
+            if s.name == "moefleet:billed_cost_usd_total":
+                out[(s.labels["function"], s.labels["part"], s.labels["basis"])] = s.value
+    return out

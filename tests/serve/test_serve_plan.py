@@ -19,11 +19,15 @@ import requests
 from typer.testing import CliRunner
 
 from moefleet.cli import app as cli
-from tests.serve.conftest import MODEL, running
+from tests.serve.conftest import (
+    MODEL,
+    PLAN_PROMPTS,
+    billed_series,
+    complete_plan_prompts,
+    running,
+)
 
 pytestmark = pytest.mark.timeout(300)
-
-PROMPTS = ["The old castle stood", "A river ran", "Nobody lived in the"]
 
 
 @pytest.fixture(scope="module")
@@ -41,26 +45,6 @@ def _plan(path: Path, model: str) -> Path:
     return path
 
 
-def _complete(url: str) -> dict[str, Any]:
-    r = requests.post(url + "/v1/completions", json={
-        "model": MODEL, "prompt": PROMPTS, "max_tokens": 5, "temperature": 0,
-        "ignore_eos": True}, timeout=120)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def _billed_series(url: str) -> dict[tuple[str, str, str], float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out = {}
-    text = requests.get(url + "/metrics", timeout=30).text
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == "moefleet:billed_cost_usd_total":
-                out[(s.labels["function"], s.labels["part"], s.labels["basis"])] = s.value
-    return out
-
-
 @pytest.fixture(scope="module")
 def in_process(model_dir: Path) -> Iterator[tuple[Any, dict[str, Any]]]:
     from moefleet.engine.build import build_engine
@@ -68,7 +52,7 @@ def in_process(model_dir: Path) -> Iterator[tuple[Any, dict[str, Any]]]:
 
     adapter = load_adapter(str(model_dir))
     with running(build_engine(adapter, max_num_seqs=4)) as s:
-        yield adapter, _complete(s.url)
+        yield adapter, complete_plan_prompts(s.url)
 
 
 def test_served_deployment_matches_in_process_and_bills_its_invocations(
@@ -88,8 +72,8 @@ def test_served_deployment_matches_in_process_and_bills_its_invocations(
                          max_num_seqs=4, audit=True) as d:
         assert any(store_dir.rglob("*"))  # the weights were uploaded
         with running(d.engine, biller=d.biller) as s:
-            got = _complete(s.url)
-            billed = _billed_series(s.url)
+            got = complete_plan_prompts(s.url)
+            billed = billed_series(s.url)
         audit, audit_storage = d.biller.audit, d.biller.audit_storage
         unattributed = d.biller.unattributed
     assert not [p for p in store_dir.rglob("*") if p.is_file()]  # torn down: weights gone
@@ -106,7 +90,7 @@ def test_served_deployment_matches_in_process_and_bills_its_invocations(
     # the request's cost is the sum of its attributed records, re-priced independently
     assert audit is not None
     meter = Meter(d.biller.spec)
-    rids = [f"{got['id']}-{i}-0" for i in range(len(PROMPTS))]
+    rids = [f"{got['id']}-{i}-0" for i in range(len(PLAN_PROMPTS))]
     assert all(audit[r] for r in rids)
     assert usage["invocations"] == sum(len(audit[r]) for r in rids)
     mine = sum(meter.cost_of(rec).total * share for r in rids for rec, share in audit[r])

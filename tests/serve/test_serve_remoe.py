@@ -13,33 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
-from tests.serve.conftest import MODEL, running
+from tests.serve.conftest import (
+    MODEL,
+    PLAN_PROMPTS,
+    billed_series,
+    complete_plan_prompts,
+    running,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
-PROMPTS = ["The old castle stood", "A river ran", "Nobody lived in the"]
 PLATFORM = "alibaba-fc-gpu"
-
-
-def _complete(url: str) -> dict[str, Any]:
-    r = requests.post(url + "/v1/completions", json={
-        "model": MODEL, "prompt": PROMPTS, "max_tokens": 5, "temperature": 0,
-        "ignore_eos": True}, timeout=120)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def _billed_series(url: str) -> dict[tuple[str, str, str], float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out = {}
-    for fam in text_string_to_metric_families(requests.get(url + "/metrics", timeout=30).text):
-        for s in fam.samples:
-            if s.name == "moefleet:billed_cost_usd_total":
-                out[(s.labels["function"], s.labels["part"], s.labels["basis"])] = s.value
-    return out
 
 
 def _remoe_plan(path: Path, adapter: Any, model: str) -> Path:
@@ -63,7 +48,7 @@ def test_served_remoe_plan_matches_in_process_and_bills_main_plus_remote(
     model = str(small_mixtral_dir)
     adapter = load_adapter(model)
     with running(build_engine(adapter, max_num_seqs=4)) as s:
-        want = _complete(s.url)
+        want = complete_plan_prompts(s.url)
     plan = DeploymentPlan.load(_remoe_plan(tmp_path / "remoe.yaml", adapter, model))
     store_dir = tmp_path / "store"
     with deployed_engine(plan, adapter, store=open_store(str(store_dir)), backend="local",
@@ -72,8 +57,8 @@ def test_served_remoe_plan_matches_in_process_and_bills_main_plus_remote(
         assert d.functions == 2 and d.device == "cpu"  # one group per layer; main is here
         assert not d.backend.records()  # nothing invoked yet (no main function to call)
         with running(d.engine, biller=d.biller) as s:
-            got = _complete(s.url)
-            billed = _billed_series(s.url)
+            got = complete_plan_prompts(s.url)
+            billed = billed_series(s.url)
         biller = d.biller
         forward_s = sum(st.forward_s for st in d.engine.stats.steps)
         remote_calls = [r for r in d.backend.records() if r.kind == "expert"]
@@ -88,7 +73,7 @@ def test_served_remoe_plan_matches_in_process_and_bills_main_plus_remote(
 
     # remote part: the request's attributed records, re-priced by a fresh meter
     meter = Meter(biller.spec)
-    rids = [f"{got['id']}-{i}-0" for i in range(len(PROMPTS))]
+    rids = [f"{got['id']}-{i}-0" for i in range(len(PLAN_PROMPTS))]
     assert biller.audit is not None and all(biller.audit[r] for r in rids)
     remote = sum(meter.cost_of(rec).total * share for r in rids for rec, share in
                  biller.audit[r])
@@ -151,7 +136,7 @@ def test_serve_cli_with_a_remoe_plan_answers_over_http_and_tears_down(
     model = str(small_mixtral_dir)
     adapter = load_adapter(model)
     with running(build_engine(adapter, max_num_seqs=4)) as s:
-        want = _complete(s.url)
+        want = complete_plan_prompts(s.url)
     plan = _remoe_plan(tmp_path / "remoe.yaml", adapter, model)
     seen: dict[str, Any] = {}
 
@@ -164,8 +149,8 @@ def test_serve_cli_with_a_remoe_plan_answers_over_http_and_tears_down(
             time.sleep(0.02)
         url = f"http://{host}:{server.config.port}"
         try:
-            seen["got"] = _complete(url)
-            seen["billed"] = _billed_series(url)
+            seen["got"] = complete_plan_prompts(url)
+            seen["billed"] = billed_series(url)
         finally:
             server.should_exit = True
             thread.join(30)
