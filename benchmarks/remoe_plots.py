@@ -7,14 +7,12 @@ from typing import Any
 
 import numpy as np
 
+from moefleet.report.figures import pyplot, save_png
+
 
 def plot(e: dict[str, Any], stem: Path, kinds: tuple[str, ...], bar: float) -> None:
     """remoe_cost_fig9/10/11.png from one model's entry of remoe_cost.json."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     if "fig9" in e:
         f9 = e["fig9"]
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -30,8 +28,7 @@ def plot(e: dict[str, Any], stem: Path, kinds: tuple[str, ...], bar: float) -> N
                      "shape (GPU emulated)", fontsize=9)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(f"{stem}_fig9.png", dpi=110)
-        plt.close(fig)
+        save_png(fig, f"{stem}_fig9.png")
     if "fig10_cost_vs_prefill_decode_ratio" in e:
         f10 = e["fig10_cost_vs_prefill_decode_ratio"]
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -49,8 +46,7 @@ def plot(e: dict[str, Any], stem: Path, kinds: tuple[str, ...], bar: float) -> N
         ax.set_title("Fig. 10 analogue (GPU emulated)", fontsize=9)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(f"{stem}_fig10.png", dpi=110)
-        plt.close(fig)
+        save_png(fig, f"{stem}_fig10.png")
     if "fig11" in e:
         f11 = e["fig11"]
         fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
@@ -67,5 +63,4 @@ def plot(e: dict[str, Any], stem: Path, kinds: tuple[str, ...], bar: float) -> N
             ax.tick_params(axis="x", labelsize=8)
         fig.suptitle("Fig. 11 analogue", fontsize=10)
         fig.tight_layout()
-        fig.savefig(f"{stem}_fig11.png", dpi=110)
-        plt.close(fig)
+        save_png(fig, f"{stem}_fig11.png")
