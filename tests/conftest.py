@@ -55,3 +55,18 @@ def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+
+
+@pytest.fixture(scope="session")
+def small_mixtral_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny-mixtral trimmed to 2 blocks of 4 experts (``small_mixtral``, GPT-2 BPE), saved
+    as a checkpoint directory a plan can name (the ``serve --plan`` and CLI backend tests)."""
+    from moefleet.models.tiny import small_mixtral
+    from moefleet.models.tokenizers import gpt2_tokenizer
+
+    tok = gpt2_tokenizer()
+    model = small_mixtral(vocab_size=len(tok))
+    out = tmp_path_factory.mktemp("models") / "tiny-mixtral-2x4"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

@@ -44,18 +44,9 @@ def run(*args: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tiny-mixtral, 2 blocks of 4 experts (top-2), with the GPT-2 tokenizer the zoo's tiny
-    models use, as a save_pretrained directory."""
-    from moefleet.models.tiny import small_mixtral
-    from moefleet.models.tokenizers import gpt2_tokenizer
-
-    tok = gpt2_tokenizer()
-    model = small_mixtral(vocab_size=len(tok))
-    out = tmp_path_factory.mktemp("models") / "tiny-mixtral-2x4"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+def model_dir(small_mixtral_dir: Path) -> Path:
+    """tiny-mixtral, 2 blocks of 4 experts (top-2), GPT-2 tokenizer (tests/conftest.py)."""
+    return small_mixtral_dir
 
 
 def _plan(tmp_path: Path, model: Path, method: str) -> Path:

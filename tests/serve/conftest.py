@@ -48,21 +48,6 @@ def tiny_engine(max_num_seqs: int = 8) -> Any:
     return build_engine(tiny_adapter(), max_num_seqs=max_num_seqs)
 
 
-@pytest.fixture(scope="session")
-def small_mixtral_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """tiny-mixtral trimmed to 2 blocks of 4 experts (``small_mixtral``, GPT-2 BPE), saved
-    as a checkpoint directory a plan can name (the ``serve --plan`` tests)."""
-    from moefleet.models.tiny import small_mixtral
-    from moefleet.models.tokenizers import gpt2_tokenizer
-
-    tok = gpt2_tokenizer()
-    model = small_mixtral(vocab_size=len(tok))
-    out = tmp_path_factory.mktemp("models") / "tiny-mixtral-2x4"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
