@@ -66,8 +66,7 @@ class RemoeResult:
                      "remote_decode_cost_usd": est.gc_rem, "ttft_slo_s": p.ttft_slo_s,
                      "tpot_slo_s": p.tpot_slo_s, "solve_s": self.solve_s}
         meta = {"algorithm": f"remoe:{self.policy}", "kind": lay.kind,
-                "n_in": p.n_in, "n_out": p.n_out, **self.meta,
-                "lpt_groups": [[list(g) for g in gs] for gs in lay.groups]}
+                "n_in": p.n_in, "n_out": p.n_out, **self.meta}
         if gpu_note:
             meta["gpu"] = ("GPU emulated: GPU times are modelled, the GPU price is applied "
                            "to them; nothing here ran on a GPU")
