@@ -13,10 +13,10 @@ from moefleet.runtime import scatter
 
 def test_owned_experts_go_whole_to_their_replica_and_others_split_evenly() -> None:
     ids_NK = torch.tensor([[0, 1], [1, 2], [0, 2], [1, -1]])
-    shares = scatter.assign(0, ids_NK, [2, 2, 2], owners={0: 1, 1: 0})
+    shares = scatter.assign(0, ids_NK, [2, 2, 2], replica_of={0: 1, 1: 0})
     got = {(s.expert, s.replica): s.tokens_n.tolist() for s in shares}
     assert got == {(0, 1): [0, 2], (1, 0): [0, 1, 3], (2, 0): [1], (2, 1): [2]}
-    # without owners, every expert's slots are split over both replicas
+    # without replica_of, every expert's slots are split over both replicas
     plain = {(s.expert, s.replica) for s in scatter.assign(0, ids_NK, [2, 2, 2])}
     assert (0, 0) in plain and (1, 1) in plain
 
@@ -24,8 +24,8 @@ def test_owned_experts_go_whole_to_their_replica_and_others_split_evenly() -> No
 def test_group_owners_and_validation_name_the_bad_value() -> None:
     g = ExpertGroup(layer=1, experts=[2, 3, 5], memory_mb=1024, replicas=2,
                     replica_experts=[[5, 2], [3]])
-    assert g.owners() == {5: 0, 2: 0, 3: 1}
-    assert ExpertGroup(layer=1, experts=[2], memory_mb=1024).owners() is None
+    assert g.replica_of() == {5: 0, 2: 0, 3: 1}
+    assert ExpertGroup(layer=1, experts=[2], memory_mb=1024).replica_of() is None
     # fewer sets than replicas, an expert twice, an empty set, an expert missing
     for bad in ([[2, 3, 5]], [[2, 3], [3, 5]], [[2, 3, 5], []], [[2], [3]]):
         with pytest.raises(ValidationError, match="replica_experts"):

@@ -111,7 +111,7 @@ class ExpertGroup(_Strict):
                 f"{self.experts} exactly once (or drop it: slots then split evenly)")
         return self
 
-    def owners(self) -> dict[int, int] | None:
+    def replica_of(self) -> dict[int, int] | None:
         """expert -> the replica that serves all its slots (None: split evenly)."""
         if self.replica_experts is None:
             return None

@@ -101,11 +101,11 @@ class RemoteExperts:
                 [e for e in range(len(lp.experts)) if e not in reps], dtype=np.int64)
             self._method[lp.layer] = (lp.method, lp.beta)
         # Remoe's LPT groups: replica j of a layer's group function serves its own experts
-        self._owners_of: dict[int, dict[int, int]] = {}
+        self._replica_of: dict[int, dict[int, int]] = {}
         for g in deployment.plan.groups:
-            owners = g.owners()
-            if owners is not None:
-                self._owners_of[g.layer] = owners
+            replica_of = g.replica_of()
+            if replica_of is not None:
+                self._replica_of[g.layer] = replica_of
 
     # -- bookkeeping ---------------------------------------------------------------------
     def set_owners(self, owners_N: list[str] | None) -> None:
@@ -162,7 +162,7 @@ class RemoteExperts:
                 "of the deployment holds (they are the main function's)",
                 "mask slots of local experts with -1 (split_experts does this)")
         shares = scatter.assign(layer, ids_NK, self._replicas[layer],
-                                self._owners_of.get(layer))
+                                self._replica_of.get(layer))
         skipped_NK = (ids_NK == -1).numpy()
         if not shares:
             return torch.zeros_like(x_ND).to(home)

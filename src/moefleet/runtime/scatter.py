@@ -49,10 +49,10 @@ class Share:
 
 
 def assign(layer: int, ids_NK: torch.Tensor, replicas: list[int],
-           owners: dict[int, int] | None = None) -> list[Share]:
+           replica_of: dict[int, int] | None = None) -> list[Share]:
     """Shares of one MoE layer: experts in order, replicas in order, non-empty only.
 
-    An expert in ``owners`` (Remoe's LPT groups) sends all its slots to that replica;
+    An expert in ``replica_of`` (Remoe's LPT groups) sends all its slots to that replica;
     any other expert's slots are split evenly, ``ceil(d / g)`` per replica in order.
 
     A slot whose id is -1 belongs to nobody here (a caller keeps that expert elsewhere,
@@ -76,9 +76,9 @@ def assign(layer: int, ids_NK: torch.Tensor, replicas: list[int],
     for e, d in enumerate(counts):
         slots = order[start : start + d]
         start += d
-        if owners is not None and e in owners:
+        if replica_of is not None and e in replica_of:
             if d:
-                shares.append(Share(layer, e, owners[e], slots // K, slots % K))
+                shares.append(Share(layer, e, replica_of[e], slots // K, slots % K))
             continue
         g = replicas[e]
         chunk = math.ceil(d / g) if d else 0
