@@ -29,6 +29,7 @@ EXPECTED = {
     "alibaba-fc-gpu",
     "gcp-cloud-run-l4",
     "openfaas-k8s",
+    "openfaas-k8s-gpu",
     "cpu-cluster",
     "gpu-server",
 }

@@ -234,7 +234,7 @@ def test_slo_term_charges_every_group() -> None:
 
     dag = _dag(blocks=2, experts=2)
     snap = _snapshot(dag, {}, p95=0.4)  # SLO 0.2: P95 is twice the SLO
-    price = lambda mb: 1e-5 * mb / 1024  # noqa: E731
+    price = lambda mb, gpu=0.0: 1e-5 * mb / 1024  # noqa: E731
     every = group_rewards(dag, snap, 0.2, price, DDPGConfig(slo_weight=2.0))
     last = group_rewards(dag, snap, 0.2, price,
                          DDPGConfig(slo_weight=2.0, slo_every_group=False))

@@ -97,7 +97,7 @@ def test_behaviour_cloning_moves_the_actors_argmax_toward_the_demonstrator() -> 
     agent = SmoeAgent(dag, SPACE, ActorSpec(hidden=16, stay_prior=0.0),
                       DDPGConfig(bc_lr=5e-3, batch_size=16, warmup=10**6), seed=1)
     rng = random.Random(0)
-    ctl = SmoeController(agent, 0.5, lambda mb: 1e-5 * mb, learn=True,
+    ctl = SmoeController(agent, 0.5, lambda mb, gpu=0.0: 1e-5 * mb, learn=True,
                          behaviour=StaticPolicy(), teacher=PopularityDemonstrator(RULE, 1.0))
     state = ctl.initial_state()
     starts = [FunctionConfig(1024, r, 1) for r in (1, 2, 4)]
@@ -118,7 +118,7 @@ def test_behaviour_cloning_moves_the_actors_argmax_toward_the_demonstrator() -> 
     # on a new state, the clone gives the hot expert more replicas than the cold one
     snap = _snapshot(dag, {"exp-0-0": 0.55, "exp-0-1": 0.2, "exp-0-2": 0.15, "exp-0-3": 0.1,
                            **{f"exp-1-{i}": 0.25 for i in range(4)}}, FunctionConfig(1024, 2, 1))
-    act, _ = SmoeController(agent, 0.5, lambda mb: 1e-5 * mb).decide(snap, (None, None, None))
+    act, _ = SmoeController(agent, 0.5, lambda mb, gpu=0.0: 1e-5 * mb).decide(snap, (None, None, None))
     hot = act.get("exp-0-0", snap.functions["exp-0-0"].config).replicas
     cold = act.get("exp-0-3", snap.functions["exp-0-3"].config).replicas
     assert hot > cold

@@ -42,11 +42,16 @@ class FunctionConfig:
     phi_rep); on an on-demand platform, where instances follow the load by themselves,
     the invocations an expert call's tokens are split over (ODS/BO's g).
     ``concurrency``: calls one instance runs at once (sMoE's phi_crr; Lambda allows 1).
+    ``gpu_share``: the fraction of one GPU each instance holds (0 = CPU only; an
+    MPS-style slice otherwise, so a call's GPU work takes 1 / share as long as on the
+    whole card). Which shares a platform offers is the platform's business
+    (``PlatformSpec.check_gpu_share``); here only 0 <= share <= 1 holds.
     """
 
     memory_mb: int
     replicas: int = 1
     concurrency: int = 1
+    gpu_share: float = 0.0
 
     def __post_init__(self) -> None:
         if self.memory_mb <= 0 or self.replicas < 1 or self.concurrency < 1:
@@ -54,6 +59,11 @@ class FunctionConfig:
                 f"invalid function config {self}",
                 "memory_mb > 0, replicas >= 1 and concurrency >= 1 are required",
             )
+        share = self.gpu_share
+        if isinstance(share, bool) or not isinstance(share, int | float) or not (
+                math.isfinite(share) and 0.0 <= share <= 1.0):
+            raise AutoscaleError(f"invalid function config {self}: gpu_share {share!r}",
+                                 "gpu_share is a fraction of one GPU in [0, 1] (0 = CPU only)")
 
 
 Decisions = dict[str, FunctionConfig]  # function name -> its new configuration
@@ -265,6 +275,7 @@ class ScalingBounds:
             memory_mb=mem,
             replicas=min(max(cfg.replicas, self.min_replicas), self.max_replicas),
             concurrency=min(max(cfg.concurrency, self.min_concurrency), self.max_concurrency),
+            gpu_share=cfg.gpu_share,  # the platform bounds it (PlatformSpec.clamp_gpu_share)
         )
 
 

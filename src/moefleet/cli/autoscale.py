@@ -45,11 +45,26 @@ class _Progress:
             self.bar.stop()
 
 
-def variant_parts(variant: str) -> tuple[Any, Any]:
-    """(ActorSpec, ConfigSpace) of an ablation variant."""
+def parse_gpu_shares(text: str) -> tuple[float, ...]:
+    """``--gpu-shares 0,0.25,0.5,1`` -> the space's GPU-share options ("" = CPU only)."""
+    if not text.strip():
+        return (0.0,)
+    try:
+        shares = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise MoefleetError(f"--gpu-shares {text!r} is not a comma list of numbers",
+                            "e.g. --gpu-shares 0,0.25,0.5,1") from None
+    if list(shares) != sorted(set(shares)) or not all(0.0 <= x <= 1.0 for x in shares):
+        raise MoefleetError(f"--gpu-shares {text!r} must be increasing fractions of one GPU "
+                            "in [0, 1]", "e.g. --gpu-shares 0,0.25,0.5,1")
+    return shares
+
+
+def variant_parts(variant: str, gpu_shares: tuple[float, ...] = (0.0,)) -> tuple[Any, Any]:
+    """(ActorSpec, ConfigSpace) of an ablation variant (with these GPU-share options)."""
     from moefleet.autoscale.smoe import ActorSpec, ConfigSpace
 
-    space = ConfigSpace()
+    space = ConfigSpace(gpu_share=gpu_shares)
     specs = {"full": ActorSpec(), "no-cc": ActorSpec(), "no-dagnn": ActorSpec(dagnn=False),
              "no-pointer": ActorSpec(pointer=False), "ddpg-only": ActorSpec(flat=True)}
     if variant not in specs:
@@ -77,6 +92,11 @@ def train_cmd(
         "out/smoe/tiny-moe-lm-sharegpt.parquet"),
     model: Annotated[str, typer.Option(help="synthetic: model of the scenario.")] = (
         "synthetic:blocks=4,experts=8,top_k=2,hidden=512,decoder=0"),
+    gpu_shares: Annotated[str, typer.Option(
+        help="GPU-share options of the config space, e.g. 0,0.25,0.5,1 (emulated GPU; "
+             "default: CPU only).")] = "",
+    platform: Annotated[str | None, typer.Option(
+        help="Platform (default openfaas-k8s; openfaas-k8s-gpu with --gpu-shares).")] = None,
     window_minutes: Annotated[int, typer.Option(help="Minutes per training window.")] = 10,
     mean_rps: Annotated[float, typer.Option(help="Windows rescaled to this mean rate.")] = 3.0,
     seed: Annotated[int, typer.Option(help="Seed (windows, networks, exploration).")] = 0,
@@ -110,13 +130,14 @@ def train_cmd(
             stay_prior = 0.0 if teacher else 3.0
         if not (0 <= stay_prior <= 100):
             raise MoefleetError(f"--stay-prior must be in [0, 100], got {stay_prior:g}")
-        spec, space = variant_parts(variant)
+        spec, space = variant_parts(variant, parse_gpu_shares(gpu_shares))
         spec = dataclasses.replace(spec, stay_prior=stay_prior)
         if slo is not None and not slo > 0:
             raise MoefleetError(f"--slo must be > 0 s, got {slo:g}")
+        plat = platform or ("openfaas-k8s-gpu" if space.has_gpu else "openfaas-k8s")
         setup = scenario_setup(scenario, routing_trace=routing_trace, slo_s=slo, model=model,
                                interval_s=interval, window_minutes=window_minutes,
-                               mean_rps=mean_rps)
+                               mean_rps=mean_rps, platform=plat)
         bar = _Progress(f"training sMoE ({variant})", episodes)
         try:
             res = train(out, episodes=episodes, setup=setup, space=space, spec=spec,

@@ -39,7 +39,8 @@ def export_cmd(
             try:
                 raw = json.loads(decisions.read_text())
                 dec = {k: FunctionConfig(int(v["memory_mb"]), int(v.get("replicas", 1)),
-                                         int(v.get("concurrency", 1)))
+                                         int(v.get("concurrency", 1)),
+                                         float(v.get("gpu_share", 0.0)))
                        for k, v in raw.items()}
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
                 raise MoefleetError(f"cannot read decisions {decisions}: {err}",

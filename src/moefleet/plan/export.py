@@ -8,6 +8,20 @@ the platform's limits is clamped and logged, never written raw. Kubernetes objec
 must be DNS-1123 labels, so ``_`` in grouped expert names becomes ``-g-``; the original
 name travels in the ``MOEFLEET_FUNCTION`` variable, which :func:`parse_export` reads back.
 
+GPU shares (a function with ``gpu_share`` s > 0; a share the platform does not offer is
+clamped, a CPU-only platform's to 0, and logged): Kubernetes schedules ``nvidia.com/gpu``
+only in whole units, so a fraction is not a schedulable limit. We write the share as
+the annotation ``moefleet.io/gpu-share`` and, for NVIDIA MPS, the client limits
+``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (100 x s) and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
+(s x the card's memory). Knative also gets ``nvidia.com/gpu: 1`` in its container limits:
+one unit of the node's GPU resource, which is a 1/N slice where the NVIDIA device plugin
+shares GPUs (MPS or time-slicing with N replicas) and a whole card where it does not;
+the plan assumes the former. The OpenFaaS Function CRD's limits hold only CPU and
+memory, so an OpenFaaS function gets the GPU through an OpenFaaS Profile named in the
+``com.openfaas.profile`` annotation (``moefleet-gpu``, which the cluster operator
+defines: runtime class and GPU request). Ray Serve takes fractional GPUs natively
+(``ray_actor_options.num_gpus``).
+
 Validation: the Ray Serve config is checked with Ray's own ``ServeDeploySchema`` when
 Ray is installed. No Python package here ships models for the OpenFaaS or Knative CRDs
 (nor the Kubernetes client), so those are checked by :func:`parse_export`'s own rules
@@ -64,11 +78,24 @@ def configs(plan: DeploymentPlan, spec: PlatformSpec,
         if limits is not None:
             rep = min(rep, limits.max_replicas)
             conc = min(conc, limits.max_concurrency_per_instance)
-        if (mem, rep, conc) != (cfg.memory_mb, cfg.replicas, cfg.concurrency):
-            _log.warning("%s: %s clamped to %s's limits (%d MB, %d replicas, concurrency %d)",
-                         name, cfg, spec.name, mem, rep, conc)
-            out[name] = FunctionConfig(mem, rep, conc)
+        share = spec.clamp_gpu_share(cfg.gpu_share)
+        if (mem, rep, conc, share) != (cfg.memory_mb, cfg.replicas, cfg.concurrency,
+                                       cfg.gpu_share):
+            _log.warning("%s: %s clamped to %s's limits (%d MB, %d replicas, concurrency %d, "
+                         "GPU share %g)", name, cfg, spec.name, mem, rep, conc, share)
+            out[name] = FunctionConfig(mem, rep, conc, share)
     return out
+
+
+GPU_SHARE_KEY = "moefleet.io/gpu-share"
+OPENFAAS_GPU_PROFILE = "moefleet-gpu"
+
+
+def _gpu_env(share: float, spec: PlatformSpec) -> dict[str, str]:
+    """NVIDIA MPS client limits for a slice ``share`` of the platform's GPU."""
+    card_mb = int((spec.gpu.memory_gb if spec.gpu is not None else 0) * 1024)
+    return {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": f"{round(100 * share)}",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={int(share * card_mb)}M"}
 
 
 def _millicores(vcpus: float) -> str:
@@ -88,33 +115,45 @@ def export(plan: DeploymentPlan, fmt: str, spec: PlatformSpec, *, image: str,
         env = {"MOEFLEET_FUNCTION": name, "MOEFLEET_ROLE": roles[name],
                "MOEFLEET_MODEL": plan.model}
         res = {"memory": f"{c.memory_mb}Mi", "cpu": _millicores(spec.vcpus(c.memory_mb))}
+        notes: dict[str, str] = {}
+        if c.gpu_share > 0:  # see the module doc: a fraction is not a k8s limit
+            env.update(_gpu_env(c.gpu_share, spec))
+            notes[GPU_SHARE_KEY] = f"{c.gpu_share:g}"
         if fmt == "openfaas":
+            fn_spec: dict[str, Any] = {
+                "name": k8s_name(name), "image": image,
+                "labels": {"com.openfaas.scale.min": str(c.replicas),
+                           "com.openfaas.scale.max": str(c.replicas)},
+                "environment": {**env, "max_inflight": str(c.concurrency)},
+                "limits": dict(res), "requests": dict(res)}
+            if notes:
+                fn_spec["annotations"] = {**notes,
+                                          "com.openfaas.profile": OPENFAAS_GPU_PROFILE}
             docs.append({"apiVersion": "openfaas.com/v1", "kind": "Function",
                          "metadata": {"name": k8s_name(name), "namespace": namespace},
-                         "spec": {"name": k8s_name(name), "image": image,
-                                  "labels": {"com.openfaas.scale.min": str(c.replicas),
-                                             "com.openfaas.scale.max": str(c.replicas)},
-                                  "environment": {**env, "max_inflight": str(c.concurrency)},
-                                  "limits": dict(res), "requests": dict(res)}})
+                         "spec": fn_spec})
         elif fmt == "knative":
+            limits = {**res, "nvidia.com/gpu": "1"} if notes else dict(res)
             docs.append({"apiVersion": "serving.knative.dev/v1", "kind": "Service",
                          "metadata": {"name": k8s_name(name)},
                          "spec": {"template": {
                              "metadata": {"annotations": {
                                  "autoscaling.knative.dev/min-scale": str(c.replicas),
-                                 "autoscaling.knative.dev/max-scale": str(c.replicas)}},
+                                 "autoscaling.knative.dev/max-scale": str(c.replicas),
+                                 **notes}},
                              "spec": {"containerConcurrency": c.concurrency,
                                       "containers": [{
                                           "image": image,
                                           "env": [{"name": k, "value": v}
                                                   for k, v in env.items()],
-                                          "resources": {"limits": dict(res),
-                                                        "requests": dict(res)}}]}}}})
+                                          "resources": {"limits": limits,
+                                                        "requests": limits}}]}}}})
     if fmt == "ray-serve":
         deps = [{"name": name, "num_replicas": c.replicas,
                  "max_ongoing_requests": c.concurrency,
                  "ray_actor_options": {"num_cpus": round(spec.vcpus(c.memory_mb), 3),
-                                       "memory": c.memory_mb * 1024 * 1024}}
+                                       "memory": c.memory_mb * 1024 * 1024,
+                                       **({"num_gpus": c.gpu_share} if c.gpu_share else {})}}
                 for name, c in cfgs.items()]
         doc = {"applications": [{"name": "moefleet", "route_prefix": "/",
                                  "import_path": "moefleet.runtime.ray_replica:FunctionReplica",
@@ -148,8 +187,10 @@ def parse_export(text: str, fmt: str) -> dict[str, FunctionConfig]:
         doc = yaml.safe_load(text)
         _validate_ray(doc)
         for d in doc["applications"][0]["deployments"]:
-            out[d["name"]] = FunctionConfig(d["ray_actor_options"]["memory"] // 2**20,
-                                            d["num_replicas"], d["max_ongoing_requests"])
+            opts = d["ray_actor_options"]
+            out[d["name"]] = FunctionConfig(opts["memory"] // 2**20, d["num_replicas"],
+                                            d["max_ongoing_requests"],
+                                            float(opts.get("num_gpus", 0.0)))
         return out
     want = {"openfaas": ("openfaas.com/v1", "Function"),
             "knative": ("serving.knative.dev/v1", "Service")}
@@ -165,13 +206,15 @@ def parse_export(text: str, fmt: str) -> dict[str, FunctionConfig]:
             env = s["environment"]
             out[env["MOEFLEET_FUNCTION"]] = FunctionConfig(
                 _mi(s["limits"]["memory"]), int(s["labels"]["com.openfaas.scale.max"]),
-                int(env["max_inflight"]))
+                int(env["max_inflight"]),
+                float((s.get("annotations") or {}).get(GPU_SHARE_KEY, 0.0)))
         else:
             t = doc["spec"]["template"]
             c = t["spec"]["containers"][0]
             env = {e["name"]: e["value"] for e in c["env"]}
+            notes = t["metadata"]["annotations"]
             out[env["MOEFLEET_FUNCTION"]] = FunctionConfig(
                 _mi(c["resources"]["limits"]["memory"]),
-                int(t["metadata"]["annotations"]["autoscaling.knative.dev/max-scale"]),
-                int(t["spec"]["containerConcurrency"]))
+                int(notes["autoscaling.knative.dev/max-scale"]),
+                int(t["spec"]["containerConcurrency"]), float(notes.get(GPU_SHARE_KEY, 0.0)))
     return out

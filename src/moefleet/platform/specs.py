@@ -250,6 +250,23 @@ class PlatformSpec(StrictBlock):
             )
         return gpu_share
 
+    def gpu_share_options(self) -> list[float]:
+        """Every GPU share the platform allocates, ascending, 0 (CPU only) first."""
+        if self.gpu is None:
+            return [0.0]
+        n = max(1, round(self.gpu.memory_gb / self.gpu.slice_gb))
+        return [0.0] + [k / n for k in range(1, n + 1)]
+
+    def clamp_gpu_share(self, gpu_share: float) -> float:
+        """The share the platform can allocate for a wanted one: 0 on a CPU-only
+        platform; otherwise rounded *up* to the next slice (a smaller slice would be
+        slower than decided), within (0, 1]. 0 stays 0. Never raises for a finite
+        number: a controller's decision is clamped (the caller logs it), not refused."""
+        if not math.isfinite(gpu_share) or gpu_share <= 0.0:
+            return 0.0
+        opts = self.gpu_share_options()
+        return next((o for o in opts[1:] if o >= gpu_share * (1 - _REL_TOL)), opts[-1])
+
     # ---- billing -------------------------------------------------------------------------
 
     def billed_duration_s(self, duration_s: float) -> float:

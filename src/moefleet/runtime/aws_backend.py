@@ -358,8 +358,9 @@ class AwsBackend(FunctionBackend):
         record = InvocationRecord(
             function=name, kind=spec.kind, memory_mb=spec.memory_mb, start_s=start,
             end_s=start + run_s, layer=spec.layer, expert=spec.expert, request_id=request_id,
-            vcpus=spec.vcpus, init_s=init_s, cold=bool(reply["cold"]), bytes_in=len(payload),
-            bytes_out=len(out), storage_puts=int(reply["puts"]), storage_gets=int(reply["gets"]))
+            vcpus=spec.vcpus, gpu_share=spec.gpu_share, init_s=init_s, cold=bool(reply["cold"]),
+            bytes_in=len(payload), bytes_out=len(out), storage_puts=int(reply["puts"]),
+            storage_gets=int(reply["gets"]))
         with self._lock:
             self._records.append(record)
             self._counters["cold_starts"] += int(record.cold)

@@ -76,7 +76,11 @@ class FunctionSpec:
     """One function. ``vcpus=None`` means the platform's rule for ``memory_mb`` (filled in
     by ``deploy``). ``layer`` is the block (segment) or MoE layer (expert); ``experts`` are
     the expert indices an expert function holds. ``keep_alive_s`` is how long an idle
-    instance stays warm; ``timeout_s`` bounds one invocation's handler time."""
+    instance stays warm; ``timeout_s`` bounds one invocation's handler time.
+    ``gpu_share`` is the fraction of one GPU each instance holds (0 = CPU only); the
+    platform must offer it. No backend here has a GPU: a share is EMULATED - the
+    handler runs on the CPU as it would without one (no speed-up is applied, so a call
+    never looks faster than on the GPU slice) and is billed at the slice's price."""
 
     name: str
     kind: FunctionKind
@@ -89,6 +93,7 @@ class FunctionSpec:
     timeout_s: float = 60.0
     layer: int | None = None
     experts: tuple[int, ...] = ()
+    gpu_share: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
@@ -108,6 +113,12 @@ class FunctionSpec:
                     f"{self.name}: {what} must be a whole number >= 1, got {value!r}",
                     f"set {what} to 1 or more",
                 )
+        share = self.gpu_share
+        if isinstance(share, bool) or not isinstance(share, int | float) or not (
+                math.isfinite(share) and 0.0 <= share <= 1.0):
+            raise InvalidFunctionSpecError(
+                f"{self.name}: gpu_share must be a fraction of one GPU in [0, 1], got {share!r}",
+                "set gpu_share to 0 (CPU only) or a share the platform offers")
         for what in ("keep_alive_s", "timeout_s"):
             value = getattr(self, what)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
@@ -152,6 +163,7 @@ def validate_spec(platform: PlatformSpec, spec: FunctionSpec) -> FunctionSpec:
     try:
         platform.check_memory(spec.memory_mb)
         vcpus = platform.check_vcpus(spec.memory_mb, spec.vcpus)
+        platform.check_gpu_share(spec.gpu_share)
     except MoefleetError as err:
         raise InvalidFunctionSpecError(f"{spec.name}: {err.message}", err.hint) from err
     limits = platform.limits
@@ -229,7 +241,7 @@ def reply_record(spec: FunctionSpec, reply: Mapping[str, Any], *, request_id: st
         function=spec.name, kind=spec.kind, memory_mb=spec.memory_mb,
         start_s=reply["start"], end_s=max(reply["end"], reply["start"]),
         layer=spec.layer, expert=spec.expert, request_id=request_id, vcpus=spec.vcpus,
-        init_s=reply["init_s"], cold=reply["cold"], bytes_in=bytes_in,
+        gpu_share=spec.gpu_share, init_s=reply["init_s"], cold=reply["cold"], bytes_in=bytes_in,
         bytes_out=bytes_out, storage_puts=reply["puts"], storage_gets=reply["gets"])
 
 
@@ -239,7 +251,8 @@ def failed_record(spec: FunctionSpec, start_s: float, end_s: float, request_id: 
     return InvocationRecord(
         function=spec.name, kind=spec.kind, memory_mb=spec.memory_mb, start_s=start_s,
         end_s=max(end_s, start_s), layer=spec.layer, expert=spec.expert,
-        request_id=request_id, vcpus=spec.vcpus, bytes_in=bytes_in, failed=True)
+        request_id=request_id, vcpus=spec.vcpus, gpu_share=spec.gpu_share, bytes_in=bytes_in,
+        failed=True)
 
 
 class FunctionBackend(ABC):
@@ -285,11 +298,13 @@ class FunctionBackend(ABC):
     def reconfigure(self, name: str, config: FunctionConfig,
                     vcpus: float | None = None) -> FunctionSpec:
         """Apply a controller's decision to a deployed function (one implementation for
-        every backend, through ``deploy`` and ``scale``). A memory or vCPU change
-        redeploys the function, so its next calls start cold on the new size; replicas
-        and concurrency go through ``scale`` (warm instances stay). A value outside the
-        platform's limits is clamped to them and logged, never applied raw. GPU share
-        is not a FunctionSpec field yet (no backend here runs GPU functions)."""
+        every backend, through ``deploy`` and ``scale``). A memory, vCPU or GPU-share
+        change redeploys the function, so its next calls start cold on the new size (a
+        pod's GPU request is not resized in place); replicas and concurrency go through
+        ``scale`` (warm instances stay). A value outside the platform's limits is
+        clamped to them and logged, never applied raw: a GPU share on a CPU-only
+        platform becomes 0, one between the platform's slices is rounded up to the next
+        (``PlatformSpec.clamp_gpu_share``). The GPU is emulated (see FunctionSpec)."""
         cur = self.spec(name)
         limits = self.platform.limits
         mem = config.memory_mb
@@ -303,15 +318,20 @@ class FunctionBackend(ABC):
         if limits is not None:
             replicas = min(replicas, limits.max_replicas)
             concurrency = min(concurrency, limits.max_concurrency_per_instance)
-        clamped = (mem, replicas, concurrency) != (config.memory_mb, config.replicas,
-                                                   config.concurrency)
+        share = self.platform.clamp_gpu_share(config.gpu_share)
+        clamped = (mem, replicas, concurrency, share) != (
+            config.memory_mb, config.replicas, config.concurrency, config.gpu_share)
         if clamped:
             _log.warning("%s: decision %s clamped to the %s limits: memory %d MB, "
-                         "%d replicas, concurrency %d", name, config, self.platform.name,
-                         mem, replicas, concurrency)
-        if mem != cur.memory_mb or (vcpus is not None and vcpus != cur.vcpus):
+                         "%d replicas, concurrency %d, GPU share %g", name, config,
+                         self.platform.name, mem, replicas, concurrency, share)
+        if (mem != cur.memory_mb or share != cur.gpu_share
+                or (vcpus is not None and vcpus != cur.vcpus)):
+            if share > 0:
+                _log.info("%s: GPU share %g emulated on the CPU (billed at the slice's "
+                          "price, no speed-up)", name, share)
             self.deploy(replace(cur, memory_mb=mem, vcpus=vcpus, replicas=replicas,
-                                concurrency=concurrency))
+                                concurrency=concurrency, gpu_share=share))
         return self.scale(name, replicas=replicas, concurrency=concurrency)
 
     def spec(self, name: str) -> FunctionSpec:

@@ -196,7 +196,8 @@ class ControlLoop:
         self._pending = [p for p in self._pending if p[0] > now]
         for _, name, cfg in due:
             spec = self.backend.reconfigure(name, cfg)
-            got = FunctionConfig(spec.memory_mb, spec.replicas, spec.concurrency)
+            got = FunctionConfig(spec.memory_mb, spec.replicas, spec.concurrency,
+                                 spec.gpu_share)
             if got != cfg:
                 self.clamped.append((now, name, cfg, got))
             self.applied.append((now, name, got))
@@ -248,7 +249,8 @@ class ControlLoop:
                 name=name, kind="expert" if spec.kind == "expert" else "segment",
                 layer=spec.layer if spec.layer is not None else 0,
                 expert=spec.experts[0] if spec.experts else None,
-                config=FunctionConfig(spec.memory_mb, spec.replicas, spec.concurrency),
+                config=FunctionConfig(spec.memory_mb, spec.replicas, spec.concurrency,
+                                 spec.gpu_share),
                 instances=spec.replicas, calls=len(rs), tokens=tok,
                 cold_starts=sum(r.cold for r in rs), busy_s=sum(lat),
                 instance_s=spec.replicas * interval, p95_latency_s=_p95(lat),

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from moefleet.errors import MoefleetError
+from moefleet.profiles.gpu import GpuRoofline
 
 Scaling = Literal["on-demand", "replicas"]
 DecodeMode = Literal["batched", "per-request"]
@@ -73,6 +74,9 @@ class SimConfig:
                   run); off by default: costs are streamed through the same prices.
     keep_requests keep one row per request (id, arrival, latency, TTFT) in the result;
                   off by default (streamed percentiles only).
+    gpu           the GPU time model of a function with a GPU share (emulated: a
+                  datasheet roofline, :mod:`moefleet.profiles.gpu`); CPU-only
+                  functions never read it.
     """
 
     scaling: Scaling = "on-demand"
@@ -98,6 +102,7 @@ class SimConfig:
     node_slots: int | None = None
     keep_records: bool = False
     keep_requests: bool = False
+    gpu: GpuRoofline = field(default_factory=GpuRoofline)
 
     def overhead_s(self, kind: str) -> float:
         """The calibrated extra handler seconds of one call of a ``kind`` function."""

@@ -67,14 +67,15 @@ class Node:
 class Instance:
     """One warm (or starting) copy of a function, with the size it was started with."""
 
-    __slots__ = ("active", "dead", "death_s", "fresh", "in_avail", "last_end", "memory_mb",
-                 "rate", "ready_s", "spawn_s", "vcpus", "version")
+    __slots__ = ("active", "dead", "death_s", "fresh", "gpu_share", "in_avail", "last_end",
+                 "memory_mb", "rate", "ready_s", "spawn_s", "vcpus", "version")
 
     def __init__(self, version: int, memory_mb: int, vcpus: float, rate: float, now: float,
-                 ready_s: float) -> None:
+                 ready_s: float, gpu_share: float = 0.0) -> None:
         self.version = version
         self.memory_mb = memory_mb
         self.vcpus = vcpus
+        self.gpu_share = gpu_share  # fraction of one GPU (0 = CPU only)
         self.rate = rate  # USD per billed second at this size
         self.spawn_s = now
         self.ready_s = ready_s

@@ -12,7 +12,15 @@ start + parameter download; billed where the platform bills INIT). Invariants:
 (scale to zero; expiry is detected lazily, with the exact death time); a memory change
 bumps ``version``: old instances finish their calls and die, new calls cold-start new
 ones. Concurrent calls on one instance share its vCPUs (each call's speed is fixed at
-its start from the calls running then). Units: seconds, MB, USD.
+its start from the calls running then).
+
+GPU slices (emulated): a function with ``gpu_share`` s > 0 runs each call's compute on
+its slice: the profile's per-call overhead on the host vCPUs, plus
+:func:`moefleet.profiles.gpu.gpu_call_s` (the roofline kernel / s and the host <-> device
+copy of the call's tokens); concurrent calls split the slice as they split vCPUs. It is
+billed at the platform's GPU price x s on top of memory and vCPUs, and a share change
+restarts instances like a memory change (a pod's GPU request is not resized in place).
+Units: seconds, MB, USD.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from moefleet.autoscale.base import FunctionConfig, FunctionMetrics
 from moefleet.plan.plan import Method
 from moefleet.platform.billing import InvocationRecord, Meter
 from moefleet.platform.specs import MB_PER_GB, PlatformSpec
+from moefleet.profiles.gpu import gpu_call_s
 from moefleet.profiles.model import FunctionProfile
 from moefleet.sim.config import SimConfig
 from moefleet.sim.entities import Call, Instance, Node
@@ -60,6 +69,8 @@ class FunctionPool:
         # Cold start = runtime start + (unless reloaded per call) the parameter download.
         self.init_s = cold + (0.0 if self.reload else self.param_load_s)
         self.call_overhead_s = sim.overhead_s(kind)
+        self.gpu = sim.gpu
+        self.bytes_per_token = links.bytes_per_token
         self.pipelined = kind == "expert" and method == "pipelined"
         billing = spec.billing
         assert billing is not None
@@ -90,11 +101,14 @@ class FunctionPool:
     # ---- configuration --------------------------------------------------------------
     def configure(self, config: FunctionConfig) -> None:
         """Apply a new configuration now (the caller adds the propagation delay)."""
-        if config.memory_mb != self.config.memory_mb:
+        if (config.memory_mb, config.gpu_share) != (self.config.memory_mb,
+                                                    self.config.gpu_share):
             self.version += 1  # running instances keep the old size until they finish
         self.config = config
         self.vcpus = self.spec.vcpus(config.memory_mb)
-        self.rate = self.spec.compute_cost(config.memory_mb, 1.0)  # USD per billed second
+        self.gpu_share = config.gpu_share
+        # USD per billed second: memory, vCPUs and (GPU share x the GPU price)
+        self.rate = self.spec.compute_cost(config.memory_mb, 1.0, None, config.gpu_share)
         self.concurrency = config.concurrency
         self.cap = self.platform_cap if self.on_demand else config.replicas
         if not self.on_demand:
@@ -122,28 +136,35 @@ class FunctionPool:
         now = self.env.now
         for _ in range(count):
             inst = Instance(self.version, self.config.memory_mb, self.vcpus, self.rate,
-                            now, now)
+                            now, now, self.gpu_share)
             inst.fresh = False
             self._add_live(inst)
             inst.in_avail = True
             self.avail.append(inst)
 
     # ---- timing ---------------------------------------------------------------------
-    def compute_s(self, tokens: int, vcpus: float) -> float:
+    def compute_s(self, tokens: int, vcpus: float, gpu_share: float = 0.0) -> float:
+        """Compute seconds of one call: on the vCPUs by the profile's laws, or with a GPU
+        share the per-call overhead on the host plus the slice's time (module doc)."""
         speed = self._speed.get(vcpus)
         if speed is None:
             speed = self._speed[vcpus] = self.profile.threads.speed_factor(vcpus)
         law = self.profile.batch
+        if gpu_share > 0:
+            return (law.overhead_s * speed + self.call_overhead_s
+                    + gpu_call_s(self.gpu, gpu_share, tokens, self.profile.param_bytes,
+                                 self.bytes_per_token))
         return (law.overhead_s + law.per_token_s * tokens) * speed + self.call_overhead_s
 
-    def handler_s(self, call: Call, vcpus: float) -> float:
+    def handler_s(self, call: Call, vcpus: float, gpu_share: float = 0.0) -> float:
         extra = self.param_load_s if self.reload else 0.0
         if self.pipelined:
             return extra + expert_handler_s("pipelined", call.tokens, self.beta,
-                                            lambda m: self.compute_s(m, vcpus), self.links)
+                                            lambda m: self.compute_s(m, vcpus, gpu_share),
+                                            self.links)
         if not call.compute:
             return extra + call.fixed_s + self.call_overhead_s
-        return extra + call.fixed_s + self.compute_s(call.tokens, vcpus)
+        return extra + call.fixed_s + self.compute_s(call.tokens, vcpus, gpu_share)
 
     def billed_s(self, handler_s: float, init_s: float) -> float:
         """``PlatformSpec.invocation_billed_s`` without its input checks (the simulator's
@@ -197,7 +218,7 @@ class FunctionPool:
             return None
         # The invoke round trip (warm start) is paid cold too, before INIT.
         inst = Instance(self.version, self.config.memory_mb, self.vcpus, self.rate, now,
-                        now + self.warm_s + self.init_s)
+                        now + self.warm_s + self.init_s, self.gpu_share)
         self._add_live(inst)
         inst.active = 1
         if self.concurrency > 1:
@@ -217,9 +238,10 @@ class FunctionPool:
         else:
             delay = self.warm_s
         vcpus = inst.vcpus / inst.active if inst.active > 1 else inst.vcpus
+        share = inst.gpu_share / inst.active if inst.active > 1 else inst.gpu_share
         call.inst = inst
         call.begin_s = now
-        call.handler_s = handler = self.handler_s(call, vcpus)
+        call.handler_s = handler = self.handler_s(call, vcpus, share)
         self.in_flight += 1
         # The call is its own timeout event: triggered now, processed at its end.
         call.env = self.env
@@ -293,6 +315,7 @@ class FunctionPool:
         nbytes = call.tokens * self.links.bytes_per_token
         self.meter.add(InvocationRecord(
             function=self.name, kind=self.kind, memory_mb=inst.memory_mb,
+            gpu_share=inst.gpu_share,
             start_s=now - call.handler_s, end_s=now, layer=self.layer, expert=self.expert,
             request_id=call.request_id, init_s=call.init_s, cold=call.cold,
             bytes_in=nbytes, bytes_out=nbytes, storage_puts=call.puts, storage_gets=gets))
@@ -344,7 +367,9 @@ class FunctionPool:
         inst_s += sum(max(0.0, min(i.death_s, t1) - max(i.spawn_s, t0))
                       for i in self.dead_recent)
         self.dead_recent = []
-        per_token = self.profile.per_token_s(self.vcpus)
+        per_token = (gpu_call_s(self.gpu, self.gpu_share, 64, self.profile.param_bytes,
+                                self.bytes_per_token) / 64 if self.gpu_share > 0
+                     else self.profile.per_token_s(self.vcpus))
         m = FunctionMetrics(
             name=self.name, kind=self.kind, layer=self.layer, expert=self.expert,
             config=self.config, instances=self.n_live, in_flight=self.in_flight,

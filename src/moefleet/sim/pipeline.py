@@ -15,7 +15,7 @@ it (``<executor>``, like ``Meter.add_storage``).
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ from moefleet.plan.plan import DeploymentPlan, LayerPlan
 from moefleet.platform.billing import Meter
 from moefleet.platform.specs import PlatformSpec
 from moefleet.profiles.model import ComputeProfile
-from moefleet.sim.config import SimConfig
+from moefleet.sim.config import SimConfig, SimError
 from moefleet.sim.entities import Barrier, Call, Node
 from moefleet.sim.functions import FunctionPool
 from moefleet.sim.routing import Router
@@ -47,7 +47,8 @@ class Pipeline:
 
     def __init__(self, env: simpy.Environment, plan: DeploymentPlan, profile: ComputeProfile,
                  spec: PlatformSpec, shape: ModelShape, router: Router, sim: SimConfig,
-                 rng: np.random.Generator, meter: Meter | None) -> None:
+                 rng: np.random.Generator, meter: Meter | None,
+                 initial: Mapping[str, FunctionConfig] | None = None) -> None:
         self.env = env
         self.shape = shape
         self.router = router
@@ -85,6 +86,10 @@ class Pipeline:
         self.i_layer_tokens = [0] * n_layers
         self.i_layer_passes = [0] * n_layers
         self.client_puts = self.client_gets = 0
+        for name, cfg in (initial or {}).items():  # deployed so from t = 0 (no restart)
+            if name not in self.pools:
+                raise SimError(f"initial config for unknown function {name!r}")
+            self.pools[name].configure(cfg)
         if sim.prewarm:
             for p in self.all_pools():
                 p.prewarm(p.config.replicas)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,8 +58,10 @@ class Simulator:
     def __init__(self, plan: DeploymentPlan, profile: ComputeProfile,
                  platform: PlatformSpec | str, *, router: Router | None = None,
                  config: SimConfig | None = None, policy: AutoscalePolicy | None = None,
-                 seed: int = 0, top_k: int = 2, decoder: bool = True) -> None:
+                 seed: int = 0, top_k: int = 2, decoder: bool = True,
+                 initial: Mapping[str, FunctionConfig] | None = None) -> None:
         self.spec = load_platform(platform) if isinstance(platform, str) else platform
+        self.initial = dict(initial or {})  # configs deployed from t = 0 (not the plan's)
         self.config = config or SimConfig()
         self.policy = policy
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -100,8 +102,10 @@ class Simulator:
         env = self.env = simpy.Environment()
         rng = np.random.default_rng(self.seed)
         self.meter = Meter(self.spec) if self.config.keep_records else None
+        for name, cfg in self.initial.items():
+            self._check_config(name, cfg)
         self.pipe = Pipeline(env, self.plan, self.profile, self.spec, self.shape, self.router,
-                             self.config, rng, self.meter)
+                             self.config, rng, self.meter, self.initial)
         self.stats = RequestStats()
         self.interval = IntervalStats()
         self.in_flight = 0
@@ -219,8 +223,19 @@ class Simulator:
         pool = self.pipe.pools.get(name)
         if pool is None:
             raise SimError(f"policy decided for unknown function {name!r}")
+        self._check_config(name, cfg)
+        self.reconfigurations += 1
+
+        def apply(_ev: simpy.Event) -> None:
+            pool.configure(cfg)
+
+        Timeout(self.env, self.config.apply_delay_s).callbacks.append(apply)
+
+    def _check_config(self, name: str, cfg: FunctionConfig) -> None:
+        """A config the platform offers, else a SimError naming the function."""
         try:
             self.spec.check_memory(cfg.memory_mb)
+            self.spec.check_gpu_share(cfg.gpu_share)
         except MoefleetError as err:
             raise SimError(f"policy decision for {name}: {err.message}", err.hint) from err
         limits = self.spec.limits
@@ -231,12 +246,6 @@ class Simulator:
         if cfg.replicas > limits.max_replicas:
             raise SimError(f"policy decision for {name}: {cfg.replicas} replicas exceed the "
                            f"platform's {limits.max_replicas}")
-        self.reconfigurations += 1
-
-        def apply(_ev: simpy.Event) -> None:
-            pool.configure(cfg)
-
-        Timeout(self.env, self.config.apply_delay_s).callbacks.append(apply)
 
     def _snapshot(self, t0: float, t1: float) -> MetricsSnapshot:
         pipe, iv = self.pipe, self.interval

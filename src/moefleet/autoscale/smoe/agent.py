@@ -52,7 +52,7 @@ from moefleet.autoscale.base import (
     MetricsSnapshot,
     PolicyState,
 )
-from moefleet.autoscale.smoe.graph import NUM_FEATURES, PipelineDAG, node_features
+from moefleet.autoscale.smoe.graph import PipelineDAG, node_features, num_features
 from moefleet.autoscale.smoe.imitation import teacher_loss
 from moefleet.autoscale.smoe.nets import ActorSpec, SmoeActor, SmoeCritic, soft_action
 from moefleet.autoscale.smoe.space import ConfigSpace
@@ -98,16 +98,17 @@ class Transition:
 
 
 def group_rewards(dag: PipelineDAG, snap: MetricsSnapshot, slo_s: float,
-                  price_per_s: Callable[[int], float], cfg: DDPGConfig) -> torch.Tensor:
+                  price_per_s: Callable[[int, float], float], cfg: DDPGConfig) -> torch.Tensor:
     """Eq. 13 per decision group from the snapshot of the interval the action ran in.
     Cost of a function = its alive-instance seconds x the price per second of its
-    memory (pods hold their request while alive); the reference is one 1024 MB
-    instance per function for the interval."""
-    ref = price_per_s(1024) * snap.interval_s
+    memory and GPU share (pods hold their request while alive); the reference is one
+    1024 MB CPU instance per function for the interval."""
+    ref = price_per_s(1024, 0.0) * snap.interval_s
     out = torch.zeros(len(dag.groups))
     for gi, g in enumerate(dag.groups):
+        cfgs = [snap.functions[dag.names[v]].config for v in g]
         cost = sum(snap.functions[dag.names[v]].instance_s
-                   * price_per_s(snap.functions[dag.names[v]].config.memory_mb) for v in g)
+                   * price_per_s(c.memory_mb, c.gpu_share) for v, c in zip(g, cfgs, strict=True))
         out[gi] = -cfg.beta * cost / (ref * len(g))
     slo = cfg.slo_weight * slo_term(snap, slo_s, cfg.slo_penalty_cap)
     if cfg.slo_every_group:
@@ -141,9 +142,9 @@ class SmoeAgent:
         self.cfg = ddpg or DDPGConfig()
         gidx, gmask = dag.group_index()
         cvec = space.vectors()
-        self.actor = SmoeActor(self.spec, NUM_FEATURES, dag.pred_mask(), dag.levels(), gidx,
-                               gmask, cvec)
-        self.critic = SmoeCritic(NUM_FEATURES, max(self.spec.hidden, 32), gidx, gmask, cvec)
+        nf = num_features(space.has_gpu)
+        self.actor = SmoeActor(self.spec, nf, dag.pred_mask(), dag.levels(), gidx, gmask, cvec)
+        self.critic = SmoeCritic(nf, max(self.spec.hidden, 32), gidx, gmask, cvec)
         self.actor_t = copy.deepcopy(self.actor)
         self.critic_t = copy.deepcopy(self.critic)
         for p in (*self.actor_t.parameters(), *self.critic_t.parameters()):
@@ -295,7 +296,8 @@ class SmoeController(AutoscalePolicy):
 
     name = "smoe"
 
-    def __init__(self, agent: SmoeAgent, slo_s: float, price_per_s: Callable[[int], float],
+    def __init__(self, agent: SmoeAgent, slo_s: float,
+                 price_per_s: Callable[[int, float], float],
                  *, learn: bool = False, behaviour: AutoscalePolicy | None = None,
                  teacher: AutoscalePolicy | None = None) -> None:
         if not (math.isfinite(slo_s) and slo_s > 0):
@@ -305,7 +307,9 @@ class SmoeController(AutoscalePolicy):
         self.agent, self.slo_s, self.price_per_s, self.learn = agent, slo_s, price_per_s, learn
         self.configs = agent.space.configs
         sp = agent.space
-        self.options = (sp.memory_mb, sp.replicas, sp.concurrency)
+        self.options: tuple[Any, ...] = (sp.memory_mb, sp.replicas, sp.concurrency)
+        if sp.has_gpu:  # a GPU space also sees each function's current share
+            self.options += (sp.gpu_share,)
         self.log = StepLog()
         self.behaviour = behaviour  # acts instead of the actor (logged experience)
         self.teacher = teacher

@@ -83,7 +83,8 @@ def static_pop(sc: Scenario, setup: TrainSetup, space: ConfigSpace,
 
         val = Validation(sc, setup, data_path)
         rule, table = search_static_pop(sc, val.episodes,
-                                        candidate_rules(sc, max_replicas=space.replicas[-1]))
+                                        candidate_rules(sc, max_replicas=space.replicas[-1],
+                                                        gpu_shares=space.gpu_share))
         shares = predicted_shares(sc)
         _STATIC_POP[key] = {
             "rule": None if rule is None else rule.label(), "table": table,

@@ -17,7 +17,9 @@ current config (memory, replicas, concurrency scaled like :class:`ConfigSpace`),
 tokens/s, log requests/s, queued calls, cold starts; layer level (0 for segments) -
 token share, request share, routing entropy / log K, variance of tail latency / SLO
 within the layer, straggler ratio (own tail latency / the layer's worst), log layer
-GFLOP/s; snapshot level - log request rate, P95 / SLO, log in-flight requests.
+GFLOP/s; snapshot level - log request rate, P95 / SLO, log in-flight requests. A
+configuration space with a GPU axis adds one feature, the current GPU share (so a
+CPU-only space keeps its ``NUM_FEATURES`` and older checkpoints their input width).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,6 +36,11 @@ from moefleet.plan.plan import DeploymentPlan
 from moefleet.profiles.model import ComputeProfile
 
 NUM_FEATURES = 22
+
+
+def num_features(gpu: bool) -> int:
+    """Features per node: ``NUM_FEATURES``, plus the GPU share in a GPU space."""
+    return NUM_FEATURES + (1 if gpu else 0)
 
 
 @dataclass(frozen=True)
@@ -138,10 +146,12 @@ def _scaled(v: int, opts: Sequence[int]) -> float:
 
 
 def node_features(dag: PipelineDAG, snap: MetricsSnapshot, slo_s: float,
-                  options: tuple[Sequence[int], Sequence[int], Sequence[int]]
+                  options: tuple[Sequence[Any], ...]
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [N, F]`` state features and ``peak_tokens [N]`` (largest tokens per call
-    estimate, for the memory filter) from one snapshot."""
+    estimate, for the memory filter) from one snapshot. ``options`` = (memory,
+    replicas, concurrency) option lists, and the GPU shares as a fourth in a GPU space
+    (then F = NUM_FEATURES + 1, the last column the current share)."""
     if slo_s <= 0:
         raise AutoscaleError(f"SLO must be > 0 s, got {slo_s!r}")
     fm: Mapping[str, FunctionMetrics] = snap.functions
@@ -149,12 +159,13 @@ def node_features(dag: PipelineDAG, snap: MetricsSnapshot, slo_s: float,
     if missing:
         raise AutoscaleError(f"snapshot lacks functions {missing[:3]} of the pipeline",
                              "the controller and the deployment must use the same plan")
-    x = torch.zeros(dag.num_nodes, NUM_FEATURES)
+    gpu = len(options) > 3
+    x = torch.zeros(dag.num_nodes, num_features(gpu))
     peak = torch.zeros(dag.num_nodes)
     p95_all = snap.p95_latency_s / slo_s
     glob = [_log_scaled(snap.request_rate_rps), min(p95_all, 10.0) / 10.0,
             _log_scaled(snap.in_flight_requests)]
-    mem_o, rep_o, conc_o = options
+    mem_o, rep_o, conc_o = options[:3]
     for v, name in enumerate(dag.names):
         m = fm[name]
         cfg = m.config
@@ -167,7 +178,9 @@ def node_features(dag: PipelineDAG, snap: MetricsSnapshot, slo_s: float,
             _scaled(cfg.concurrency, conc_o), _log_scaled(m.tokens_per_s),
             _log_scaled(m.calls_per_s), _log_scaled(m.queued), _log_scaled(m.cold_starts),
             min(m.instances, 16) / 16.0])
-        x[v, 19:] = torch.tensor(glob)
+        x[v, 19:NUM_FEATURES] = torch.tensor(glob)
+        if gpu:
+            x[v, NUM_FEATURES] = cfg.gpu_share
     fpt = {fm[dag.names[g[0]]].layer: dag.flops_per_token[g[0]] for g in dag.groups[:-1]}
     layers = snap.layers(fpt)
     for g in dag.groups[:-1]:  # MoE layers: layer-level features

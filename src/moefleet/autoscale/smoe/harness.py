@@ -70,8 +70,9 @@ class Scenario:
         return DistributionRouter.uniform([len(lp.experts) for lp in self.plan.layers],
                                           self.top_k)
 
-    def price_per_s(self, memory_mb: int) -> float:
-        return self.spec.compute_cost(memory_mb, 1.0)
+    def price_per_s(self, memory_mb: int, gpu_share: float = 0.0) -> float:
+        """USD per second of one pod of this size (GPU share x the GPU price included)."""
+        return self.spec.compute_cost(memory_mb, 1.0, None, gpu_share)
 
 
 def build_scenario(model: str = DEFAULT_MODEL, *, slo_s: float = 0.3,
@@ -170,7 +171,8 @@ class Recorder(AutoscalePolicy):
     """Wraps a controller: logs the interval's provisioned cost and P95, times the
     decision, and (``initial``) applies the static plan's segment pods once first."""
 
-    def __init__(self, inner: AutoscalePolicy | None, price_per_s: Callable[[int], float],
+    def __init__(self, inner: AutoscalePolicy | None,
+                 price_per_s: Callable[[int, float], float],
                  initial: Decisions | None = None) -> None:
         self.inner = inner
         self.price_per_s = price_per_s
@@ -186,7 +188,8 @@ class Recorder(AutoscalePolicy):
         started, inner_state = state
         log = self.log
         log.t_s.append(snapshot.t_s)
-        log.cost_usd.append(sum(m.instance_s * self.price_per_s(m.config.memory_mb)
+        log.cost_usd.append(sum(m.instance_s * self.price_per_s(m.config.memory_mb,
+                                                                m.config.gpu_share)
                                 for m in snapshot.functions.values()))
         log.p95_s.append(snapshot.p95_latency_s)
         log.completions.append(snapshot.completions)
@@ -209,18 +212,36 @@ def segment_start(sc: Scenario) -> Decisions:
             for f in sc.plan.placement().segments}
 
 
+def deployed_at_start(sc: Scenario, controller: AutoscalePolicy | None) -> Decisions:
+    """A fixed plan (a :class:`~moefleet.autoscale.smoe.popularity.PlanPolicy`) is
+    *deployed*, not reconfigured: the configs whose memory or GPU share differ from the
+    starting plan's run from t = 0 (a change of either would restart those functions
+    cold at the first interval, which a planner's deployment never pays). Replica and
+    concurrency changes still go through the first decision, as before."""
+    from moefleet.autoscale.smoe.popularity import PlanPolicy  # it imports this module
+
+    if not isinstance(controller, PlanPolicy):
+        return {}
+    configs = controller.configs
+    start = {f.name: f.memory_mb for f in sc.plan.placement().functions}
+    return {n: c for n, c in configs.items()
+            if n in start and (c.memory_mb != start[n] or c.gpu_share > 0)}
+
+
 def run_episode(sc: Scenario, controller: AutoscalePolicy | None, arrivals: list[Arrival],
                 duration_s: float, seed: int = 0) -> dict[str, Any]:
     """Simulate one window under ``controller`` (None = the static plan); returns cost,
     P95 over the whole window, per-interval P95s and decision latencies."""
     from moefleet.sim import SimConfig, Simulator
 
-    rec = Recorder(controller, sc.price_per_s, segment_start(sc))
+    initial = deployed_at_start(sc, controller)
+    rec = Recorder(controller, sc.price_per_s,
+                   {k: v for k, v in segment_start(sc).items() if k not in initial})
     cfg = SimConfig(scaling="replicas", keep_alive_s=1e9, prompt_tokens=sc.prompt_tokens,
                     slo_s=sc.slo_s, interval_s=sc.interval_s, apply_delay_s=1.0,
                     prewarm=True)
     sim = Simulator(sc.plan, sc.profile, sc.spec, router=sc.routing(), config=cfg, policy=rec,
-                    seed=seed, decoder=False)
+                    seed=seed, decoder=False, initial=initial)
     res = sim.run(arrivals, duration_s)
     log = rec.log
     served = [p for p, c in zip(log.p95_s, log.completions, strict=True) if c > 0]

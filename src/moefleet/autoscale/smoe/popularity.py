@@ -21,6 +21,11 @@ a cold one, and only where the rule says so.
   keeps its average, so idle gaps between bursts do not scale the hot experts down).
   It is a teacher for the warm start (``train.py``): its decisions label every state
   the learner sees; the learned actor acts, never this rule.
+
+GPU shares: in a space with a GPU axis the rule may also put every expert on a slice
+(``expert_gpu``) and the segment config may carry one; :func:`candidate_rules` then adds
+those candidates (a bounded set, listed there), so ``static-pop`` and the teacher can
+use the knob, chosen by the same search on training windows.
 """
 
 from __future__ import annotations
@@ -55,11 +60,16 @@ class PopRule:
     rho: float
     segment: FunctionConfig
     max_replicas: int = 8
+    expert_gpu: float = 0.0  # every expert's GPU share (0 = CPU only)
+    expert_memory_mb: int = 0  # every expert's memory (0 = keep the deployment's)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.rho) and self.rho > 0) or self.max_replicas < 1:
             raise AutoscaleError(f"popularity rule rho {self.rho!r} must be > 0 and "
                                  f"max_replicas {self.max_replicas} >= 1")
+        if not 0.0 <= self.expert_gpu <= 1.0:
+            raise AutoscaleError(f"popularity rule expert_gpu {self.expert_gpu!r} must be "
+                                 "in [0, 1]")
 
     def replicas(self, load: float) -> int:
         # Half up (not Python's half-to-even): 2.5 x mean load is 3 replicas.
@@ -68,11 +78,15 @@ class PopRule:
     def config(self, current: FunctionConfig, kind: str, load: float) -> FunctionConfig:
         if kind == "segment":
             return self.segment
-        return FunctionConfig(current.memory_mb, self.replicas(load), 1)
+        return FunctionConfig(self.expert_memory_mb or current.memory_mb, self.replicas(load),
+                              1, self.expert_gpu)
 
     def label(self) -> str:
         s = self.segment
-        return f"rho={self.rho:g} seg={s.memory_mb}x{s.replicas}c{s.concurrency}"
+        gpu = (f" seg-gpu={s.gpu_share:g}" if s.gpu_share else "") + (
+            f" exp-gpu={self.expert_gpu:g}" if self.expert_gpu else "") + (
+            f" exp-mem={self.expert_memory_mb}" if self.expert_memory_mb else "")
+        return f"rho={self.rho:g} seg={s.memory_mb}x{s.replicas}c{s.concurrency}{gpu}"
 
 
 def predicted_shares(sc: Scenario, train_fraction: float = TRAIN_FRACTION
@@ -185,12 +199,28 @@ class PopularityDemonstrator(AutoscalePolicy):
 
 
 def candidate_rules(sc: Scenario, rhos: Sequence[float] = RHOS,
-                    max_replicas: int = 8) -> list[PopRule]:
+                    max_replicas: int = 8,
+                    gpu_shares: Sequence[float] = (0.0,)) -> list[PopRule]:
     """The planner's candidates: each rho with one segment pod at concurrency 2 or the
-    starting plan's segment pods at concurrency 1 (segment memory unchanged)."""
+    starting plan's segment pods at concurrency 1 (segment memory unchanged). With GPU
+    shares s > 0 in ``gpu_shares`` (bounded, rho 1 and one segment pod at concurrency 2
+    each, so the search stays minutes): the CPU answer to a tight SLO, experts at 2x and
+    4x their memory; and per share, segments on s with experts as deployed or at 2x
+    memory, and every expert on s."""
     mem = sc.plan.placement().segments[0].memory_mb
+    exp_mem = sc.plan.placement().expert_functions(sc.profile.moe_layers[0])[0].memory_mb
     segs = (FunctionConfig(mem, 1, 2), FunctionConfig(mem, sc.segment_replicas, 1))
-    return [PopRule(r, s, max_replicas) for s in segs for r in rhos]
+    out = [PopRule(r, s, max_replicas) for s in segs for r in rhos]
+    shares = [x for x in gpu_shares if x > 0]
+    if shares:
+        out += [PopRule(1.0, segs[0], max_replicas, expert_memory_mb=k * exp_mem)
+                for k in (2, 4)]
+    for g in shares:
+        seg_gpu = FunctionConfig(mem, 1, 2, g)
+        out += [PopRule(1.0, seg_gpu, max_replicas),
+                PopRule(1.0, seg_gpu, max_replicas, expert_memory_mb=2 * exp_mem),
+                PopRule(1.0, segs[0], max_replicas, g)]
+    return out
 
 
 Episode = tuple[list[Any], float]

@@ -80,6 +80,7 @@ class TrainSetup:
     window_minutes: int = 10
     windows_per_pattern: int = 12
     routing_trace: str = ""  # "" = uniform routing; else a Parquet routing trace
+    platform: str = "openfaas-k8s"  # openfaas-k8s-gpu for a space with GPU shares
 
     @property
     def scenario(self) -> str:
@@ -120,12 +121,14 @@ VAL_PENALTY = 10.0  # score units per unit of P95/SLO above the slack
 def scenario_for(setup: TrainSetup) -> Scenario:
     return build_scenario(setup.model, slo_s=setup.slo_s, interval_s=setup.interval_s,
                           prompt_tokens=setup.prompt_tokens,
-                          routing_trace=setup.routing_trace)
+                          routing_trace=setup.routing_trace, platform=setup.platform)
 
 
 def new_agent(setup: TrainSetup, space: ConfigSpace, spec: ActorSpec, ddpg: DDPGConfig,
               seed: int) -> tuple[Scenario, SmoeAgent]:
     sc = scenario_for(setup)
+    for share in space.gpu_share:  # a share the platform cannot allocate: a clear error
+        sc.spec.check_gpu_share(share)
     return sc, SmoeAgent(PipelineDAG.from_plan(sc.plan, sc.profile), space, spec, ddpg, seed)
 
 
@@ -167,19 +170,20 @@ def load_checkpoint(path: str | Path, *, expect_setup: TrainSetup | None = None,
         raise AutoscaleError(f"{p} is not an sMoE checkpoint of format {FORMAT}",
                              "train a new one with moefleet autoscale train")
     setup = TrainSetup(**st["setup"])
-    sp = st["space"]
-    space = ConfigSpace(tuple(sp["memory_mb"]), tuple(sp["replicas"]),
-                        tuple(sp["concurrency"]), float(sp["alpha"]), float(sp["runtime_mb"]))
+    # Older checkpoints' spaces have no GPU fields: the defaults are CPU only.
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list | tuple) else v
+                              for k, v in st["space"].items()}
+    space = ConfigSpace(**fields)
     def key(s: TrainSetup) -> tuple[Any, ...]:
-        return (s.model, s.slo_s, s.interval_s, s.routing_trace)
+        return (s.model, s.slo_s, s.interval_s, s.routing_trace, s.platform)
 
     if expect_setup is not None and key(expect_setup) != key(setup):
         raise AutoscaleError(
             f"checkpoint {p} was trained for {setup.model} ({setup.scenario} routing, SLO "
-            f"{setup.slo_s:g} s, interval {setup.interval_s:g} s), not {expect_setup.model} "
-            f"({expect_setup.scenario} routing, SLO {expect_setup.slo_s:g} s, interval "
-            f"{expect_setup.interval_s:g} s)",
-            "train a checkpoint for this model and scenario")
+            f"{setup.slo_s:g} s, interval {setup.interval_s:g} s, {setup.platform}), not "
+            f"{expect_setup.model} ({expect_setup.scenario} routing, SLO "
+            f"{expect_setup.slo_s:g} s, interval {expect_setup.interval_s:g} s, "
+            f"{expect_setup.platform})", "train a checkpoint for this model and scenario")
     if expect_space is not None and expect_space.fingerprint() != st["space_id"]:
         raise AutoscaleError(f"checkpoint {p} was trained for another configuration space "
                              f"({st['space']})", "use the same space or retrain")
@@ -241,10 +245,12 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
         if "teacher" not in agent.warm:  # the planner's search, once per checkpoint
             val = Validation(sc, setup, data_path)
             found, table = search_static_pop(sc, val.episodes, candidate_rules(
-                sc, max_replicas=agent.space.replicas[-1]))
+                sc, max_replicas=agent.space.replicas[-1],
+                gpu_shares=agent.space.gpu_share))
             agent.warm["teacher"] = None if found is None else {
                 "rho": found.rho, "segment": dataclasses.asdict(found.segment),
-                "max_replicas": found.max_replicas}
+                "max_replicas": found.max_replicas, "expert_gpu": found.expert_gpu,
+                "expert_memory_mb": found.expert_memory_mb}
             agent.warm["search"] = table
         rule = rule_from(agent.warm.get("teacher"))
     tutor = PopularityDemonstrator(rule) if rule is not None else None
@@ -326,7 +332,8 @@ def rule_from(d: dict[str, Any] | None) -> PopRule | None:
     """The popularity rule a checkpoint stored (None: no teacher)."""
     if not d:
         return None
-    return PopRule(float(d["rho"]), FunctionConfig(**d["segment"]), int(d["max_replicas"]))
+    return PopRule(float(d["rho"]), FunctionConfig(**d["segment"]), int(d["max_replicas"]),
+                   float(d.get("expert_gpu", 0.0)), int(d.get("expert_memory_mb", 0)))
 
 
 class Validation:

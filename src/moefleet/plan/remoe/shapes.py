@@ -22,6 +22,7 @@ import numpy as np
 
 from moefleet.errors import UnknownNameError
 from moefleet.plan.remoe.problem import RemoeError, RemoeProblem, fit_time_law
+from moefleet.profiles.gpu import A10_BYTES_S, A10_FLOPS_S, PCIE4_BYTES_S, GpuRoofline
 
 
 @dataclass(frozen=True)
@@ -73,13 +74,17 @@ class Timing:
     cpu_flops_1: float  # one token (decode): bound by reading the weights
     cpu_flops_batch: float  # 64 tokens (prefill)
     serial_fraction: float = 0.05  # Amdahl's f for thread scaling (ASSUMPTION)
-    gpu_flops: float = 125e12 * 0.3  # A10 bf16 tensor peak x 30% (ASSUMPTION)
-    gpu_bytes_s: float = 600e9 * 0.7  # A10 600 GB/s x 70% (ASSUMPTION)
-    swap_bytes_s: float = 12e9  # PCIe 4.0 x16 host<->device, effective (ASSUMPTION)
+    gpu_flops: float = A10_FLOPS_S  # the shared GPU model: moefleet.profiles.gpu
+    gpu_bytes_s: float = A10_BYTES_S
+    swap_bytes_s: float = PCIE4_BYTES_S
     source: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def roofline(self) -> GpuRoofline:
+        """This timing's GPU as the shared roofline (the simulator's GPU slices use it)."""
+        return GpuRoofline(self.gpu_flops, self.gpu_bytes_s, self.swap_bytes_s)
 
 
 def measure_cpu(dims: ModelDims, repeats: int = 15, distinct: int = 4) -> Timing:
@@ -180,9 +185,9 @@ def problem_for(dims: ModelDims, timing: Timing, spec: Any, s_LE: np.ndarray, *,
     B = dims.bytes_per_param
     ne_layer = dims.nonexpert_params / dims.moe_layers
     # Decode on a GPU is bound by reading the weights (batch 1): per layer and token.
-    ne_gpu = max(2 * ne_layer / timing.gpu_flops, ne_layer * B / timing.gpu_bytes_s)
-    ex_gpu = max(2 * dims.expert_params / timing.gpu_flops,
-                 dims.expert_params * B / timing.gpu_bytes_s)
+    roof = timing.roofline()
+    ne_gpu = roof.kernel_s(2 * ne_layer, ne_layer * B)
+    ex_gpu = roof.kernel_s(2 * dims.expert_params, dims.expert_params * B)
     return RemoeProblem(
         model=model or dims.name, s_LE=s_LE, top_k=dims.top_k, n_in=n_in, n_out=n_out,
         ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, main_memory_mb=tuple(main),
