@@ -357,6 +357,13 @@ def test_reconfigure_scales_warm_and_resizes_cold(backend: FunctionBackend,
     spec = backend.reconfigure(name, FunctionConfig(512, replicas=2, concurrency=1))
     rec = call(backend, name, op="pid").record
     assert rec.cold and rec.memory_mb == 512 and spec.memory_mb == 512
+    # A GPU share this CPU-only platform does not offer: clamped to 0 and logged.
+    with caplog.at_level("WARNING", logger="moefleet.runtime.base"):
+        spec = backend.reconfigure(name, FunctionConfig(512, 2, 1, gpu_share=0.5))
+    assert spec.gpu_share == 0.0 and "GPU share 0" in caplog.text
+    rec = call(backend, name, op="pid").record
+    assert not rec.cold and rec.gpu_share == 0.0  # nothing was redeployed
+    caplog.clear()
     # Outside the platform's limits: clamped and logged, never applied raw.
     limits = platform.limits
     assert limits is not None

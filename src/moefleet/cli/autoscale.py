@@ -156,6 +156,15 @@ def train_cmd(
                                      f"({res['wall_s']:.0f} s)", highlight=False)
 
 
+def _gpu_share_text(by_share: dict[str, float]) -> str:
+    """Share of pod-seconds on each GPU share > 0, e.g. ``0.25: 93%`` (``-`` = none)."""
+    total = sum(by_share.values())
+    on = {k: v for k, v in by_share.items() if float(k) > 0 and v > 0}
+    if not total or not on:
+        return "-"
+    return ", ".join(f"{k}: {100 * v / total:.0f}%" for k, v in sorted(on.items()))
+
+
 @app.command("eval")
 def eval_cmd(
     checkpoint: Annotated[list[Path], typer.Option(
@@ -215,7 +224,10 @@ def eval_cmd(
         finally:
             bar.close()
         res = {"slo_s": sc.slo_s, "interval_s": sc.interval_s, "model": sc.model,
-               "results": res}
+               "platform": sc.spec.name, "results": res}
+        if space.has_gpu:  # every figure then depends on the GPU time model
+            res["gpu"] = ("emulated: simulator GPU slices on a datasheet roofline "
+                          "(moefleet.profiles.gpu), priced at the platform's GPU rate x share")
         if out is not None:
             write_json_atomic(out, res)
         if as_json:
@@ -224,11 +236,17 @@ def eval_cmd(
         from rich.table import Table
 
         for p, rows in res["results"].items():
-            t = Table(title=f"{p}: cost and P95 (SLO {sc.slo_s:g} s)")
-            for col in ("controller", "cost $", "P95 / SLO", "intervals in SLO", "decide ms"):
+            gpu = " (GPU emulated)" if space.has_gpu else ""
+            t = Table(title=f"{p}: cost and P95 (SLO {sc.slo_s:g} s){gpu}")
+            cols = ["controller", "cost $", "P95 / SLO", "intervals in SLO", "decide ms"]
+            for col in cols + (["pod-s on GPU (seg / exp)"] if space.has_gpu else []):
                 t.add_column(col)
             for name, r in rows.items():
-                t.add_row(name, f"{r['cost_usd']:.4f}", f"{r['p95_over_slo']:.2f}",
-                          f"{100 * r['intervals_within_slo']:.0f}%",
-                          f"{1e3 * r['decision_latency_s']:.2f}")
+                cells = [name, f"{r['cost_usd']:.4f}", f"{r['p95_over_slo']:.2f}",
+                         f"{100 * r['intervals_within_slo']:.0f}%",
+                         f"{1e3 * r['decision_latency_s']:.2f}"]
+                if space.has_gpu:
+                    cells.append(" / ".join(_gpu_share_text(r["pod_s_by_gpu_share"].get(k, {}))
+                                            for k in ("segment", "expert")))
+                t.add_row(*cells)
             out_console(False).print(t)

@@ -109,13 +109,15 @@ def evaluate(controllers: dict[str, Callable[[], AutoscalePolicy | None]], sc: S
              data_path: str | None = None,
              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Per pattern and controller: total cost, P95 over all windows' requests (median of
-    the windows' P95s), share of intervals within the SLO, decision latency."""
+    the windows' P95s), share of intervals within the SLO, decision latency, and the
+    alive-pod seconds per function kind and GPU share (which shares a controller used)."""
     out: dict[str, Any] = {}
     for pattern in patterns:
         ws = eval_windows(setup, pattern, windows, data_path)
         rows: dict[str, Any] = {}
         for name, make in controllers.items():
             costs, p95s, ok, dec = [], [], [], []
+            pods: dict[str, dict[str, float]] = {}
             for i, w in enumerate(ws):
                 arrivals, duration = window_arrivals(w, setup.mean_rps, seed + i, data_path)
                 r = run_episode(sc, make(), arrivals, duration, seed=seed + i)
@@ -123,6 +125,10 @@ def evaluate(controllers: dict[str, Callable[[], AutoscalePolicy | None]], sc: S
                 p95s.append(r["p95_s"])
                 ok += [p <= sc.slo_s for p in r["window_p95_s"]]
                 dec += r["decide_s"]
+                for kind, shares in r["pod_s_by_gpu_share"].items():
+                    for share, secs in shares.items():
+                        pods.setdefault(kind, {})[share] = pods.get(kind, {}).get(share,
+                                                                                 0.0) + secs
                 if progress is not None:
                     progress(f"{pattern} {name} window {i + 1}/{len(ws)}")
             rows[name] = {
@@ -130,6 +136,7 @@ def evaluate(controllers: dict[str, Callable[[], AutoscalePolicy | None]], sc: S
                 "p95_over_slo": statistics.median(p95s) / sc.slo_s,
                 "intervals_within_slo": sum(ok) / len(ok) if ok else 1.0,
                 "decision_latency_s": statistics.median(dec) if dec else 0.0,
+                "pod_s_by_gpu_share": pods,
                 "windows": [f"{w.function[:8]}@{w.start_minute} cv={w.cv:.2f}" for w in ws],
             }
         out[pattern] = rows

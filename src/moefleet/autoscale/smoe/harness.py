@@ -165,6 +165,8 @@ class IntervalLog:
     p95_s: list[float] = field(default_factory=list)
     completions: list[int] = field(default_factory=list)
     decide_s: list[float] = field(default_factory=list)
+    # alive-instance seconds by function kind and GPU share ("0" = CPU only)
+    pod_s: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 class Recorder(AutoscalePolicy):
@@ -192,6 +194,10 @@ class Recorder(AutoscalePolicy):
                                                                 m.config.gpu_share)
                                 for m in snapshot.functions.values()))
         log.p95_s.append(snapshot.p95_latency_s)
+        for m in snapshot.functions.values():
+            by_share = log.pod_s.setdefault(m.kind, {})
+            key = f"{m.config.gpu_share:g}"
+            by_share[key] = by_share.get(key, 0.0) + m.instance_s
         log.completions.append(snapshot.completions)
         out: Decisions = {}
         if not started and self.initial:
@@ -255,4 +261,5 @@ def run_episode(sc: Scenario, controller: AutoscalePolicy | None, arrivals: list
         "arrived": len(arrivals),
         "decide_s": log.decide_s,
         "intervals": len(log.t_s),
+        "pod_s_by_gpu_share": log.pod_s,
     }

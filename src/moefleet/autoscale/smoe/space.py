@@ -164,14 +164,15 @@ class ConfigSpace:
         agent.py), so both are off by default; the GPU axis is learnt from the teacher
         and the critic's soft action instead."""
         ng, nr, nc = len(self.gpu_share), len(self.replicas), len(self.concurrency)
-        coords = [(i // (ng * nr * nc), (i // (nr * nc)) % ng, (i // nc) % nr, i % nc)
-                  for i in range(self.size)]
-        out = torch.zeros(self.size, self.size, dtype=torch.bool)
-        for a, ca in enumerate(coords):
-            for b, cb in enumerate(coords):
-                step = sum(abs(x - y) for x, y in zip(ca, cb, strict=True)) == 1
-                out[a, b] = (step and (memory or ca[0] == cb[0])
-                             and (gpu or ca[1] == cb[1]))
+        i_C = torch.arange(self.size)
+        coords_C4 = torch.stack([i_C // (ng * nr * nc), (i_C // (nr * nc)) % ng,
+                                 (i_C // nc) % nr, i_C % nc], dim=1)
+        diff_CC4 = (coords_C4[:, None, :] - coords_C4[None, :, :]).abs()
+        out = diff_CC4.sum(dim=-1) == 1
+        if not memory:
+            out &= diff_CC4[..., 0] == 0
+        if not gpu:
+            out &= diff_CC4[..., 1] == 0
         return out
 
     def without_concurrency(self) -> ConfigSpace:
