@@ -118,7 +118,8 @@ def test_behaviour_cloning_moves_the_actors_argmax_toward_the_demonstrator() -> 
     # on a new state, the clone gives the hot expert more replicas than the cold one
     snap = _snapshot(dag, {"exp-0-0": 0.55, "exp-0-1": 0.2, "exp-0-2": 0.15, "exp-0-3": 0.1,
                            **{f"exp-1-{i}": 0.25 for i in range(4)}}, FunctionConfig(1024, 2, 1))
-    act, _ = SmoeController(agent, 0.5, lambda mb, gpu=0.0: 1e-5 * mb).decide(snap, (None, None, None))
+    act, _ = SmoeController(agent, 0.5, lambda mb, gpu=0.0: 1e-5 * mb).decide(
+        snap, (None, None, None))
     hot = act.get("exp-0-0", snap.functions["exp-0-0"].config).replicas
     cold = act.get("exp-0-3", snap.functions["exp-0-3"].config).replicas
     assert hot > cold
