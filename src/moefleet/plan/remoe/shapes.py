@@ -23,6 +23,16 @@ import numpy as np
 from moefleet.errors import UnknownNameError
 from moefleet.plan.remoe.problem import RemoeError, RemoeProblem, fit_time_law
 
+# Host memory a function needs before any weight (MB), measured with
+# ``moefleet.runtime.local_limits.rss_bytes`` (see README "Remoe on a real GPU"):
+# RUNTIME_MB: a ready local worker (Python + torch + moefleet), 233 MB here (torch 2.13,
+# CPU build), rounded up. GPU_RUNTIME_MB: what CUDA adds to a process's host RSS once the
+# non-experts are placed and a step has run (context, kernels, cuBLAS workspaces), on the
+# H100 machine (torch 2.11 + CUDA 13). A GPU main's memory must hold both, or it does not
+# start (the GPU-only plan's 1024 MB main failed there with 1240 MB used during init).
+RUNTIME_MB = 256.0
+GPU_RUNTIME_MB = 1024.0
+
 
 @dataclass(frozen=True)
 class ModelDims:
@@ -202,4 +212,5 @@ def problem_for(dims: ModelDims, timing: Timing, spec: Any, s_LE: np.ndarray, *,
         max_replicas=min(max_replicas, rspec.limits.max_replicas),
         max_vcpus=max_vcpus, cpu_mem_price_gb_s=rpr.per_gb_s, load_bytes_s=load_bytes_s,
         gpu_card_gb=float(spec.gpu.memory_gb) if spec.gpu is not None else math.inf,
+        runtime_mb=RUNTIME_MB, gpu_runtime_mb=GPU_RUNTIME_MB if gpu else 0.0,
         platform=spec.name if rspec is spec else f"{spec.name}+{rspec.name}")
