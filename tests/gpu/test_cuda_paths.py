@@ -30,7 +30,9 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 
 
 def _tokens(engine: Engine) -> list[list[int]]:
-    return [o.new_token_ids for o in engine.generate(PROMPTS, GREEDY)]
+    outs = engine.generate(PROMPTS, GREEDY)
+    assert [o.error for o in outs] == [None] * len(PROMPTS)
+    return [o.new_token_ids for o in outs]
 
 
 def _adapter() -> HFMoEAdapter:

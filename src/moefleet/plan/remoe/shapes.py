@@ -26,12 +26,14 @@ from moefleet.plan.remoe.problem import RemoeError, RemoeProblem, fit_time_law
 # Host memory a function needs before any weight (MB), measured with
 # ``moefleet.runtime.local_limits.rss_bytes`` (see README "Remoe on a real GPU"):
 # RUNTIME_MB: a ready local worker (Python + torch + moefleet), 233 MB here (torch 2.13,
-# CPU build), rounded up. GPU_RUNTIME_MB: what CUDA adds to a process's host RSS once the
-# non-experts are placed and a step has run (context, kernels, cuBLAS workspaces), on the
-# H100 machine (torch 2.11 + CUDA 13). A GPU main's memory must hold both, or it does not
-# start (the GPU-only plan's 1024 MB main failed there with 1240 MB used during init).
+# CPU build), rounded up. GPU_RUNTIME_MB: what a GPU main adds on an H100 machine (torch
+# 2.11 + CUDA 13): the CUDA build of torch (505 MB ready worker), its context and cuBLAS
+# (+263 MB) and the kernels a step loads. The GPU-only plan's main of tiny-moe-lm-e32 (no
+# host-resident weights) peaked at 1,357 MB RSS there: 1,101 MB over RUNTIME_MB, rounded
+# up to 1,280 MB for the kernels other batch shapes load. Sized without it, that main
+# (1,024 MB) did not start: 1,240 MB used during init.
 RUNTIME_MB = 256.0
-GPU_RUNTIME_MB = 1024.0
+GPU_RUNTIME_MB = 1280.0
 
 
 @dataclass(frozen=True)
