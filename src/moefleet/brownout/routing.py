@@ -212,9 +212,10 @@ class BrownoutExperts:
             return self.inner(layer, x_ND, ids_NK, w_NK)
         plan = plan_layer(counts_E.tolist(), self._threshold, group_of, self.mode)
         st.last_plan[layer] = plan
-        run_original = torch.zeros(num_experts, dtype=torch.bool)
+        dev = ids_NK.device
+        run_original = torch.zeros(num_experts, dtype=torch.bool, device=dev)
         run_original[list(plan.original + plan.special)] = True
-        to_united = torch.zeros(num_experts, dtype=torch.bool)
+        to_united = torch.zeros(num_experts, dtype=torch.bool, device=dev)
         for members in plan.united.values():
             to_united[list(members)] = True
         y_ND = torch.zeros_like(x_ND)
@@ -252,13 +253,13 @@ class BrownoutExperts:
         assert self.united is not None
         k = ids_NK.shape[1]
         modules: Sequence[nn.Module] = self.united[layer]
-        gid_E = torch.tensor(group_of, dtype=torch.long)
+        gid_E = torch.tensor(group_of, dtype=torch.long, device=ids_NK.device)
         tok_P = pairs_P // k
         grp_P = gid_E[ids_NK.reshape(-1)[pairs_P]]
         keys_P = tok_P * len(modules) + grp_P
         keys_U, inverse_P = torch.unique(keys_P, return_inverse=True)
         # Gate weights of pairs sharing (token, group) add up (eq. 5 summed per group).
-        w_U = torch.zeros(keys_U.numel(), dtype=w_NK.dtype)
+        w_U = torch.zeros(keys_U.numel(), dtype=w_NK.dtype, device=w_NK.device)
         w_U.index_add_(0, inverse_P, w_NK.reshape(-1)[pairs_P])
         tok_U = keys_U // len(modules)
         out_UD = combine_experts(

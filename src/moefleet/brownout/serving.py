@@ -21,7 +21,7 @@ from moefleet.brownout.routing import BrownoutExperts, Grouping, index_groups
 from moefleet.brownout.salc import SALC
 from moefleet.brownout.united import UnitedExperts
 from moefleet.engine import Engine
-from moefleet.engine.build import build_engine
+from moefleet.engine.build import build_engine, resolve_device
 from moefleet.models.base import ExpertFn, MoEModelAdapter
 from moefleet.models.local_experts import Kernel, local_experts
 
@@ -29,8 +29,14 @@ from moefleet.models.local_experts import Kernel, local_experts
 def brownout_engine(adapter: MoEModelAdapter, *, ways: int | None, grouping: str = "index",
                     threshold: float = 1.0, mode: str = "partial", salc: SALC | None = None,
                     kernel: Kernel = "auto", distill_config: DistillConfig | None = None,
-                    wrap: Callable[[ExpertFn], ExpertFn] | None = None, **engine_kw: Any
-                    ) -> tuple[Engine, BrownoutExperts | None, SALCHook | None]:
+                    wrap: Callable[[ExpertFn], ExpertFn] | None = None, device: str = "cpu",
+                    **engine_kw: Any) -> tuple[Engine, BrownoutExperts | None, SALCHook | None]:
+    # The model moves first: the stacked kernel stacks the expert weights where they
+    # are, and united experts are built as copies of the model's (device included).
+    dev = resolve_device(device)
+    if dev.type != "cpu":
+        adapter.model.to(dev)
+    engine_kw["device"] = device
     inner = local_experts(adapter, kernel)
     outer = wrap or (lambda fn: fn)  # e.g. a profiler around whatever the engine calls
     if ways is None:
