@@ -9,6 +9,7 @@ from moefleet.autoscale.base import AutoscaleError, FunctionConfig
 from moefleet.autoscale.smoe.harness import build_scenario, run_episode
 from moefleet.autoscale.smoe.popularity import PlanPolicy
 from moefleet.autoscale.smoe.space import ConfigSpace
+from moefleet.errors import MoefleetError
 from moefleet.plan import DeploymentPlan
 from moefleet.plan.export import FORMATS, export, parse_export
 from moefleet.plan.remoe.shapes import Timing
@@ -57,14 +58,15 @@ def test_gpu_axis_order_vectors_and_neighbours() -> None:
 def test_memory_filter_masks_slices_too_small_for_the_weights() -> None:
     import torch
 
-    space = ConfigSpace(memory_mb=(1024, 16384), replicas=(1,), concurrency=(1,),
+    space = ConfigSpace(memory_mb=(1024, 9300, 16384), replicas=(1,), concurrency=(1,),
                         gpu_share=(0.0, 0.25, 0.5))
-    # 8000 MB of weights: host needs 300 + 8000 <= 0.9 x memory (16384 only); a slice
-    # needs 300 + 8000 <= 0.9 x share x 24576 MB (0.5: 11059 MB yes; 0.25: 5530 MB no).
+    # 8000 MB of weights: the host needs 300 + 8000 <= 0.9 x memory (9300: 8370 MB, yes),
+    # and with a GPU share also the CUDA runtime's 1280 MB (16384 only); a slice needs
+    # 300 + 8000 <= 0.9 x share x 24576 MB (0.5: 11059 MB yes; 0.25: 5530 MB no).
     mask = space.valid_mask(torch.tensor([8000 * 2**20]), torch.tensor([0.0]), 2048)[0]
     ok = {(c.memory_mb, c.gpu_share) for c, v in zip(space.configs, mask.tolist(),
                                                      strict=True) if v}
-    assert ok == {(16384, 0.0), (16384, 0.5)}
+    assert ok == {(9300, 0.0), (16384, 0.0), (16384, 0.5)}
 
 
 def _pool(share: float) -> FunctionPool:
@@ -109,26 +111,31 @@ def test_local_backend_carries_and_clamps_the_share() -> None:
     from moefleet.runtime.payload import pack
 
     now = [100.0]
-    with LocalBackend(GPU, workers=1, retry_backoff_s=0.01) as b:
+    with LocalBackend(GPU, workers=1, retry_backoff_s=0.01, limits=True) as b:
         b.deploy(FunctionSpec("exp-0-0", "expert", HandlerRef(
-            "moefleet.runtime.handlers:debug_handler"), memory_mb=1024, layer=0, experts=(0,)))
+            "moefleet.runtime.handlers:debug_handler"), memory_mb=2048, layer=0, experts=(0,)))
         ping = pack(meta={"op": "pid"})
         b.invoke("exp-0-0", ping)
         # 0.3 is not a quarter: rounded up to 0.5, logged, and the next call is cold.
-        loop = ControlLoop(b, PlanPolicy("gpu", {"exp-0-0": FunctionConfig(1024, 1, 1, 0.3)}),
+        loop = ControlLoop(b, PlanPolicy("gpu", {"exp-0-0": FunctionConfig(2048, 1, 1, 0.3)}),
                            ControlConfig(interval_s=10, apply_delay_s=1), clock=lambda: now[0])
         now[0] += 10
         loop.tick()
         now[0] += 1
         loop.tick()
-        assert [c for _, _, c in loop.applied] == [FunctionConfig(1024, 1, 1, 0.5)]
-        assert loop.clamped[0][2:] == (FunctionConfig(1024, 1, 1, 0.3),
-                                       FunctionConfig(1024, 1, 1, 0.5))
+        assert [c for _, _, c in loop.applied] == [FunctionConfig(2048, 1, 1, 0.5)]
+        assert loop.clamped[0][2:] == (FunctionConfig(2048, 1, 1, 0.3),
+                                       FunctionConfig(2048, 1, 1, 0.5))
         rec = b.invoke("exp-0-0", ping).record
         assert rec.cold and rec.gpu_share == 0.5
         bill = Meter(GPU, [rec]).bill()
         assert bill.total.total == pytest.approx(GPU.compute_cost(
-            1024, GPU.invocation_billed_s(rec.duration_s, rec.init_s), rec.vcpus, 0.5))
+            2048, GPU.invocation_billed_s(rec.duration_s, rec.init_s), rec.vcpus, 0.5))
+        # The emulated share still holds the CUDA runtime's host memory (1,280 MB): in
+        # 1024 MB it does not start, as on the platform.
+        b.reconfigure("exp-0-0", FunctionConfig(1024, 1, 1, 0.25))
+        with pytest.raises(MoefleetError, match="memory"):
+            b.invoke("exp-0-0", ping)
     # A CPU-only platform clamps a share to 0: the backend contract test checks it on
     # every backend (tests/contracts/test_function_backend.py).
 

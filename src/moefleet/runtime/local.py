@@ -16,7 +16,9 @@ What is **emulated** (one machine standing in for a FaaS fleet):
   1 and at most the machine's cores: 6 vCPUs on a 2-core machine get 2; a share below one
   vCPU runs on one thread and is then stretched to cpu_s / vCPUs, and memory_mb is enforced
   by charging each instance runtime footprint + its RSS growth + each call's peak
-  (:mod:`moefleet.runtime.local_limits`; ``limits=False`` turns both off);
+  (:mod:`moefleet.runtime.local_limits`; ``limits=False`` turns both off); a function
+  with a GPU share (emulated: it runs on the CPU, no speed-up) is also charged the CUDA
+  runtime's host memory (``GPU_RUNTIME_MB``, measured on an H100 machine);
 - process start and ``import torch`` are paid once per worker (forkserver preload), not
   per instance: ``init_s`` is instance construction + weight download + load only;
 - main functions (kind ``main``, calling others through ``ctx.functions``) run on their
@@ -44,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from moefleet.platform import InvocationRecord, ObjectStore, PlatformSpec, load_platform
+from moefleet.plan.remoe.shapes import GPU_RUNTIME_MB
 from moefleet.platform.inline import base64_inline_bytes
 from moefleet.runtime.base import (
     FunctionBackend,
@@ -362,7 +365,9 @@ class LocalBackend(FunctionBackend):
             if not inst.loaded:
                 header["load"] = {"function": name, "memory_mb": spec.memory_mb,
                                   "handler": {"factory": spec.handler.factory,
-                                              "config": spec.handler.config}}
+                                              "config": spec.handler.config},
+                                  # an emulated GPU share still holds its CUDA runtime
+                                  "emulated_host_mb": GPU_RUNTIME_MB if spec.gpu_share else 0}
         sent_at = time.time()
         try:
             with w.send_lock:

@@ -122,7 +122,9 @@ class _Worker:
                 inst = _Instance(host, load["function"], int(header["threads"]),
                                  int(load["memory_mb"]), float(header.get("vcpus") or 1.0))
                 if meter is not None:
-                    inst.charged = meter.growth() + host.emulated_bytes
+                    # + a GPU share's CUDA runtime (emulated device, see local.py)
+                    inst.charged = (meter.growth() + host.emulated_bytes
+                                    + int(float(load.get("emulated_host_mb", 0)) * 2**20))
                     self._check_memory(inst, inst.charged, "init")
                 self.instances[iid] = inst
                 reply.update(cold=True, init_s=cold.init_s, puts=cold.puts, gets=cold.gets)

@@ -12,10 +12,11 @@ Memory filter (the paper's constraint 2, our reading for pod-style scaling, wher
 goes whole to one replica): a configuration is valid for a function iff
 ``alpha * memory >= runtime + parameters + 2 * bytes_per_token * peak_tokens * concurrency``
 (an instance holds ``concurrency`` calls at once, each with its input and output
-tokens). With a GPU share s > 0 the same need (the CUDA context in place of the Python
-runtime) must also fit ``alpha * s * gpu_memory_mb``: the weights and activations live
-on the slice, and the host still stages the weights. ``runtime_mb`` (Python + torch
-resident set) and ``gpu_context_mb`` are ASSUMPTIONS. At least one configuration is
+tokens). With a GPU share s > 0 the host also holds the CUDA runtime (``gpu_host_mb``:
+1,280 MB measured on an H100 machine, ``plan.remoe.shapes.GPU_RUNTIME_MB``), and the
+weights and activations plus a CUDA context must fit ``alpha * s * gpu_memory_mb`` on the
+slice (the host still stages the weights). ``runtime_mb`` (Python + torch resident set)
+and ``gpu_context_mb`` are ASSUMPTIONS. At least one configuration is
 always valid (the largest memory is kept when nothing fits, so the policy never has an
 empty choice); the caller sees that case via ``any_fits``.
 """
@@ -31,6 +32,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from moefleet.autoscale.base import AutoscaleError, FunctionConfig
+from moefleet.plan.remoe.shapes import GPU_RUNTIME_MB
 
 MB = 1024 * 1024
 
@@ -48,6 +50,7 @@ class ConfigSpace:
     gpu_share: tuple[float, ...] = (0.0,)  # fractions of one GPU; (0.0,) = CPU only
     gpu_memory_mb: int = 24576  # one card's memory (A10 / A10G: 24 GB)
     gpu_context_mb: float = 300.0  # ASSUMPTION: CUDA context + allocator slack on a slice
+    gpu_host_mb: float = GPU_RUNTIME_MB  # host memory the CUDA runtime adds (measured)
 
     def __post_init__(self) -> None:
         for name in ("memory_mb", "replicas", "concurrency"):
@@ -64,9 +67,10 @@ class ConfigSpace:
         if not 0 < self.alpha <= 1 or self.runtime_mb < 0:
             raise AutoscaleError(f"alpha {self.alpha} must be in (0, 1] and runtime_mb "
                                  f"{self.runtime_mb} >= 0")
-        if self.gpu_memory_mb < 1 or self.gpu_context_mb < 0:
-            raise AutoscaleError(f"gpu_memory_mb {self.gpu_memory_mb} must be >= 1 and "
-                                 f"gpu_context_mb {self.gpu_context_mb} >= 0")
+        if self.gpu_memory_mb < 1 or self.gpu_context_mb < 0 or self.gpu_host_mb < 0:
+            raise AutoscaleError(f"gpu_memory_mb {self.gpu_memory_mb} must be >= 1, "
+                                 f"gpu_context_mb {self.gpu_context_mb} and gpu_host_mb "
+                                 f"{self.gpu_host_mb} >= 0")
 
     @property
     def has_gpu(self) -> bool:
@@ -89,7 +93,7 @@ class ConfigSpace:
         before they existed, so existing checkpoints keep their id."""
         d = asdict(self)
         if not self.has_gpu:
-            for key in ("gpu_share", "gpu_memory_mb", "gpu_context_mb"):
+            for key in ("gpu_share", "gpu_memory_mb", "gpu_context_mb", "gpu_host_mb"):
                 del d[key]
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
@@ -140,8 +144,10 @@ class ConfigSpace:
         if self.has_gpu:
             share_C = torch.tensor([c.gpu_share for c in cfgs], dtype=torch.float64)
             on_gpu_C = share_C > 0
-            fits_NC = (self.alpha * share_C[None] * self.gpu_memory_mb
-                       >= self.gpu_context_mb + data_NC)
+            fits_NC = ((self.alpha * share_C[None] * self.gpu_memory_mb
+                        >= self.gpu_context_mb + data_NC)
+                       & (self.alpha * mem_C[None]
+                          >= self.runtime_mb + self.gpu_host_mb + data_NC))
             ok_NC &= ~on_gpu_C[None] | fits_NC
         # Never leave a function without a choice: the largest memory options stay.
         empty_N = ~ok_NC.any(dim=1)
