@@ -45,8 +45,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from moefleet.platform import InvocationRecord, ObjectStore, PlatformSpec, load_platform
 from moefleet.plan.remoe.shapes import GPU_RUNTIME_MB
+from moefleet.platform import InvocationRecord, ObjectStore, PlatformSpec, load_platform
 from moefleet.platform.inline import base64_inline_bytes
 from moefleet.runtime.base import (
     FunctionBackend,
