@@ -206,7 +206,8 @@ def candidate_rules(sc: Scenario, rhos: Sequence[float] = RHOS,
     shares s > 0 in ``gpu_shares`` (bounded, rho 1 and one segment pod at concurrency 2
     each, so the search stays minutes): the CPU answer to a tight SLO, experts at 2x and
     4x their memory; and per share, segments on s with experts as deployed or at 2x
-    memory, and every expert on s."""
+    memory, and every expert on s at 2x memory (a GPU function's host also holds the
+    CUDA runtime, see ``ConfigSpace``)."""
     mem = sc.plan.placement().segments[0].memory_mb
     exp_mem = sc.plan.placement().expert_functions(sc.profile.moe_layers[0])[0].memory_mb
     segs = (FunctionConfig(mem, 1, 2), FunctionConfig(mem, sc.segment_replicas, 1))
@@ -219,7 +220,7 @@ def candidate_rules(sc: Scenario, rhos: Sequence[float] = RHOS,
         seg_gpu = FunctionConfig(mem, 1, 2, g)
         out += [PopRule(1.0, seg_gpu, max_replicas),
                 PopRule(1.0, seg_gpu, max_replicas, expert_memory_mb=2 * exp_mem),
-                PopRule(1.0, segs[0], max_replicas, g)]
+                PopRule(1.0, segs[0], max_replicas, g, expert_memory_mb=2 * exp_mem)]
     return out
 
 
