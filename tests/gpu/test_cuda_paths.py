@@ -66,13 +66,15 @@ def _united(adapter: HFMoEAdapter, ways: int) -> UnitedExperts:
     return UnitedExperts("tiny", "test", Grouping(ways, "index", groups), modules)
 
 
-@pytest.mark.parametrize("threshold", [1.0, 0.5, 0.0])
-def test_partial_brownout_on_cuda_gives_the_cpu_tokens(threshold: float) -> None:
+@pytest.mark.parametrize(("threshold", "kernel"), [(1.0, "loop"), (0.5, "loop"),
+                                                 (0.0, "loop"), (0.5, "stacked")])
+def test_partial_brownout_on_cuda_gives_the_cpu_tokens(threshold: float, kernel: str) -> None:
     def run(device: str) -> tuple[list[list[int]], BrownoutExperts]:
         adapter = _adapter()
         adapter.model.to(device)
-        experts = BrownoutExperts(local_experts(adapter, "loop"), _united(adapter, 2),
-                                  threshold, "partial")
+        experts = BrownoutExperts(local_experts(adapter, kernel),  # type: ignore[arg-type]
+                                  _united(adapter, 2), threshold, "partial",
+                                  united_kernel=kernel)
         return _tokens(build_engine(adapter, device=device, experts=experts)), experts
 
     want, cpu = run("cpu")
