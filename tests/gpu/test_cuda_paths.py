@@ -21,7 +21,7 @@ from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.local_experts import local_experts
 from moefleet.models.tiny import small_mixtral, tiny_model
 from moefleet.remoe.main_model import place_non_experts
-from moefleet.remoe.split import split_experts
+from moefleet.remoe.split import held_experts, split_experts
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -66,13 +66,15 @@ def _united(adapter: HFMoEAdapter, ways: int) -> UnitedExperts:
     return UnitedExperts("tiny", "test", Grouping(ways, "index", groups), modules)
 
 
-@pytest.mark.parametrize("threshold", [1.0, 0.5, 0.0])
-def test_partial_brownout_on_cuda_gives_the_cpu_tokens(threshold: float) -> None:
+@pytest.mark.parametrize(("threshold", "kernel"), [(1.0, "loop"), (0.5, "loop"),
+                                                 (0.0, "loop"), (0.5, "stacked")])
+def test_partial_brownout_on_cuda_gives_the_cpu_tokens(threshold: float, kernel: str) -> None:
     def run(device: str) -> tuple[list[list[int]], BrownoutExperts]:
         adapter = _adapter()
         adapter.model.to(device)
-        experts = BrownoutExperts(local_experts(adapter, "loop"), _united(adapter, 2),
-                                  threshold, "partial")
+        experts = BrownoutExperts(local_experts(adapter, kernel),  # type: ignore[arg-type]
+                                  _united(adapter, 2), threshold, "partial",
+                                  united_kernel=kernel)
         return _tokens(build_engine(adapter, device=device, experts=experts)), experts
 
     want, cpu = run("cpu")
@@ -100,7 +102,9 @@ def test_remoe_split_layer_loop_on_cuda_with_experts_on_the_cpu() -> None:
     want = _tokens(Engine(LocalRunner(HFMoEAdapter(small_mixtral()))))
     adapter = HFMoEAdapter(small_mixtral())
     place_non_experts(adapter, torch.device("cuda"))
-    inner = adapter.local_expert_fn()
+    inner = held_experts({layer: {e: adapter.expert_view(layer, e)
+                                  for e in range(adapter.num_experts(layer))}
+                          for layer in adapter.moe_layers})
     is_local = {layer: torch.arange(adapter.num_experts(layer)) % 2 == 0
                 for layer in adapter.moe_layers}
     seen: list[torch.device] = []

@@ -232,7 +232,7 @@ def test_main_memory_holds_the_runtimes_a_real_function_needs() -> None:
     none = np.zeros((1, 2), bool)
     bare = remoe_problem()
     real = remoe_problem(runtime_mb=300.0, gpu_runtime_mb=900.0)
-    for kind in ("gpu", "mix", "fetch", "remoe"):
+    for kind in ("gpu", "mix", "fetch", "remoe"):  # fetch: once through plan_baseline too
         assert main_need_mb(real, kind, none) == pytest.approx(
             main_need_mb(bare, kind, none) + 1200.0)
     assert main_need_mb(real, "cpu", none) == pytest.approx(main_need_mb(bare, "cpu", none)
@@ -249,3 +249,5 @@ def test_main_memory_holds_the_runtimes_a_real_function_needs() -> None:
     plan = plan_policy(real, "gpu", check_slo=False)
     assert plan.layout.main_mb == 2048  # 1200 MB of runtimes do not fit the 1024 MB option
     assert plan_policy(bare, "gpu", check_slo=False).layout.main_mb == 1024
+    fetch = plan_policy(real, "fetch", check_slo=False).layout.main_mb
+    assert fetch >= main_need_mb(real, "fetch", none) > 1200

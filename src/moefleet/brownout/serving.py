@@ -47,7 +47,10 @@ def brownout_engine(adapter: MoEModelAdapter, *, ways: int | None, grouping: str
                             for layer in adapter.moe_layers})
     else:
         groups = distill(adapter, ways, grouping, distill_config or DistillConfig())
-    experts = BrownoutExperts(inner, groups, threshold, mode)
+    # The united experts run like the originals: stacked where the kernel is stacked.
+    stacked = kernel == "stacked" or (kernel == "auto" and adapter.device.type != "cpu")
+    experts = BrownoutExperts(inner, groups, threshold, mode,
+                              united_kernel="stacked" if stacked else "loop")
     hook = SALCHook(BrownoutControl(salc, experts)) if salc is not None else None
     engine = build_engine(adapter, experts=outer(experts), hooks=[hook] if hook else None,
                           **engine_kw)
