@@ -86,6 +86,9 @@ def train_cmd(
              "default 3 without --teacher, 0 with it (the clone is the safe start).")] = None,
     teacher: Annotated[bool, typer.Option(
         help="Warm start: clone the popularity-aware rule before DDPG (see README).")] = True,
+    imitation_floor: Annotated[float | None, typer.Option(
+        help="Lowest weight of the imitation term once it has faded (0 = fades out "
+             "entirely); recorded in the checkpoint.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON result on stdout.")] = False,
 ) -> None:
     """Train sMoE offline in the simulator on Azure Functions 2019 windows (slow,
@@ -110,6 +113,13 @@ def train_cmd(
             stay_prior = 0.0 if teacher else 3.0
         if not (0 <= stay_prior <= 100):
             raise MoefleetError(f"--stay-prior must be in [0, 100], got {stay_prior:g}")
+        from moefleet.autoscale.smoe import DDPGConfig
+
+        if imitation_floor is not None and not 0 <= imitation_floor <= 10:
+            raise MoefleetError(f"--imitation-floor must be in [0, 10], got {imitation_floor:g}",
+                                "e.g. --imitation-floor 0.1")
+        ddpg = (DDPGConfig() if imitation_floor is None
+                else DDPGConfig(bc_floor=imitation_floor))
         spec, space = variant_parts(variant)
         spec = dataclasses.replace(spec, stay_prior=stay_prior)
         if slo is not None and not slo > 0:
@@ -120,7 +130,8 @@ def train_cmd(
         bar = _Progress(f"training sMoE ({variant})", episodes)
         try:
             res = train(out, episodes=episodes, setup=setup, space=space, spec=spec,
-                        seed=seed, resume=resume, time_budget_s=time_budget, teacher=teacher,
+                        ddpg=ddpg, seed=seed, resume=resume, time_budget_s=time_budget,
+                        teacher=teacher,
                         progress=lambda d, n, row: bar.step(
                             d, f"{row['pattern']} cost ${row['cost_usd']:.4f} "
                                f"P95 {row['p95_s']:.3g}s reward {row['reward']:.1f}"))

@@ -223,13 +223,15 @@ def run_episode(sc: Scenario, controller: AutoscalePolicy | None, arrivals: list
                     seed=seed, decoder=False)
     res = sim.run(arrivals, duration_s)
     log = rec.log
-    served = [p for p, c in zip(log.p95_s, log.completions, strict=True) if c > 0]
+    served = [(t, p) for t, p, c in zip(log.t_s, log.p95_s, log.completions, strict=True)
+              if c > 0]
     return {
         "cost_usd": float(sum(log.cost_usd)),
         "sim_billed_usd": float(res.cost_usd),
         "p95_s": float(res.latency["p95"] or 0.0),
         "p50_s": float(res.latency["p50"] or 0.0),
-        "window_p95_s": served,
+        "window_p95_s": [p for _, p in served],  # per control interval that served
+        "window_t_s": [t for t, _ in served],  # ... and the end of each such interval
         "completed": int(res.requests["completed"]),
         "arrived": len(arrivals),
         "decide_s": log.decide_s,

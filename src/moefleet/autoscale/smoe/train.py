@@ -42,7 +42,13 @@ from typing import Any
 import torch
 
 from moefleet.autoscale.base import AutoscaleError, AutoscalePolicy, FunctionConfig
-from moefleet.autoscale.smoe.agent import DDPGConfig, SmoeAgent, SmoeController, Transition
+from moefleet.autoscale.smoe.agent import (
+    DDPGConfig,
+    SmoeAgent,
+    SmoeController,
+    Transition,
+    imitation_weight,
+)
 from moefleet.autoscale.smoe.graph import PipelineDAG
 from moefleet.autoscale.smoe.harness import (
     DEFAULT_MODEL,
@@ -185,7 +191,9 @@ def load_checkpoint(path: str | Path, *, expect_setup: TrainSetup | None = None,
                              f"({st['space']})", "use the same space or retrain")
     # Older checkpoints have no stay prior and no skip connection.
     spec = ActorSpec(**{"stay_prior": 0.0, "skip": False, **st["spec"]})
-    sc, agent = new_agent(setup, space, spec, DDPGConfig(**st["ddpg"]), seed=0)
+    # Checkpoints from before the imitation floor faded out entirely.
+    ddpg = DDPGConfig(**{"bc_floor": 0.0, **st["ddpg"]})
+    sc, agent = new_agent(setup, space, spec, ddpg, seed=0)
     if agent.dag.fingerprint() != st["dag"]:
         raise AutoscaleError(f"checkpoint {p} is for pipeline {st['dag']}, this model builds "
                              f"{agent.dag.fingerprint()}", "retrain for this model")
@@ -217,7 +225,8 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
     first (``DDPGConfig.bc_weight``) while the critic learns from everything. Every
     ``validate_every`` learning episodes (0 = never) the greedy policy is scored on
     :func:`validation_windows` and the best actor is kept (module doc). ``teacher``:
-    label states with the popularity-aware rule and clone it before DDPG (module doc)."""
+    label states with the popularity-aware rule and clone it before DDPG (module doc).
+    A resumed run keeps the checkpoint's DDPG settings (the imitation floor included)."""
     if episodes < 1:
         raise AutoscaleError(f"episodes must be >= 1, got {episodes}", "pass --episodes 20")
     if resume and Path(out).exists():
@@ -294,7 +303,9 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
         row = {"episode": done, "pattern": pattern, "window": f"{w.function[:8]}@{w.start_minute}",
                "cost_usd": res["cost_usd"], "p95_s": res["p95_s"],
                "reward": float(sum(use.log.rewards)), "demo": demo, "epsilon": agent.epsilon,
-               "updates": agent.updates, "wall_s": time.perf_counter() - t0,
+               "updates": agent.updates,
+               "imitation_weight": imitation_weight(agent.cfg, agent.updates),
+               "wall_s": time.perf_counter() - t0,
                "cpu_s": time.process_time() - cpu0, "validation": scored}
         history.append(row)
         save_checkpoint(out, agent, setup, done, history)

@@ -1,0 +1,135 @@
+"""sMoE Fig. 7 in the simulator: cost normalised to the best baseline and per-window P95
+vs SLO on the bursty pattern, one skewed-routing scenario per zoo model.
+
+    python benchmarks/smoe_fig7.py \\
+        --model tiny-moe-lm=out/smoe/smoe-skewed-pop.pt \\
+        --model tiny-moe-lm-e32=out/smoe/smoe-e32-pop.pt \\
+        --model minilm-moe-e8=out/smoe/smoe-minilm-pop.pt --windows 2
+
+Each checkpoint (``moefleet autoscale train --scenario skewed --model ... --routing-trace
+...``) names its scenario: a synthetic model of the zoo model's MoE shape driven by
+that model's recorded routing trace, its SLO and interval. Every controller runs the
+same held-out windows (``moefleet.autoscale.smoe.figs.compare``). Writes
+benchmarks/results/smoe_fig7.json (per model: every controller's cost over the best
+baseline's, median and per-window P95 / SLO, the per-interval P95 / SLO series, the
+training record) and smoe_fig7.png. Simulated: nothing here ran on a real platform.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from moefleet.autoscale.smoe.evaluate import BASELINES
+from moefleet.autoscale.smoe.figs import COST_BAR, SLO_SLACK, compare, training_record
+from moefleet.io import write_json_atomic
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "smoe_fig7.json"
+COLOURS = {"smoe": "tab:red", "static-pop": "tab:blue", "static": "tab:gray",
+           "hpa": "tab:green", "elasticmoe": "tab:purple", "faasconf": "tab:olive"}
+
+
+def plot(res: dict[str, Any], path: Path) -> None:
+    """Top: cost / best baseline per model x controller (bar labels: P95 / SLO).
+    Bottom: per-interval P95 / SLO over the first held-out window, one panel per model."""
+    from moefleet.report.figures import pyplot, save_png
+
+    plt = pyplot()
+    models = list(res["models"])
+    fig = plt.figure(figsize=(4.6 * max(len(models), 2), 7.5))
+    grid = fig.add_gridspec(2, len(models))
+    top = fig.add_subplot(grid[0, :])
+    names = list(res["models"][models[0]]["controllers"])
+    width = 0.8 / len(names)
+    for j, n in enumerate(names):
+        xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(models))]
+        rows = [res["models"][m]["controllers"][n] for m in models]
+        bars = top.bar(xs, [r["cost_over_best"] for r in rows], width, label=n,
+                       color=COLOURS.get(n))
+        for b, r in zip(bars, rows, strict=True):
+            top.annotate(f"{r['p95_over_slo']:.2f}", (b.get_x() + b.get_width() / 2,
+                                                       b.get_height()),
+                         ha="center", va="bottom", fontsize=6, rotation=90)
+    top.axhline(1.0, color="k", lw=0.8)
+    top.axhline(COST_BAR, color="k", lw=0.8, ls="--")
+    top.set_xticks(range(len(models)))
+    top.set_xticklabels([f"{m}\n(best: {res['models'][m]['best_baseline']})" for m in models])
+    top.set_ylabel("cost / best baseline")
+    top.set_title("bursty: cost normalised to the best baseline (labels: median window "
+                  "P95 / SLO; dashed: the 0.75x bar)", fontsize=9)
+    top.legend(fontsize=7, ncol=len(names))
+    for i, m in enumerate(models):
+        ax = fig.add_subplot(grid[1, i])
+        for n, r in res["models"][m]["controllers"].items():
+            s = r["interval_p95_over_slo"][0]
+            ax.plot([t / 60 for t in s["t_s"]], s["p95_over_slo"], label=n, lw=1,
+                    color=COLOURS.get(n))
+        ax.axhline(SLO_SLACK, color="k", lw=0.8, ls="--")
+        ax.set_yscale("log")
+        ax.set_xlabel("minute of window 1")
+        ax.set_ylabel("interval P95 / SLO")
+        ax.set_title(f"{m} (SLO {res['models'][m]['slo_s']:g} s)", fontsize=9)
+        ax.tick_params(labelsize=7)
+    fig.suptitle("sMoE Fig. 7 (simulated, openfaas-k8s, skewed routing per zoo model)")
+    fig.tight_layout()
+    save_png(fig, path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", action="append", required=True, metavar="NAME=CKPT",
+                    help="zoo model name and its sMoE checkpoint (repeatable)")
+    ap.add_argument("--windows", type=int, default=2)
+    ap.add_argument("--pattern", default="bursty")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--baselines", default=",".join(BASELINES))
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    t0, c0 = time.perf_counter(), time.process_time()
+    pairs = []
+    for item in args.model:
+        name, sep, ckpt = item.partition("=")
+        if not sep or not name or not ckpt:
+            sys.exit(f"--model {item!r}: expected NAME=CHECKPOINT")
+        pairs.append((name, Path(ckpt)))
+    baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
+    out: dict[str, Any] = {
+        "benchmark": "smoe_fig7", "simulated": True, "pattern": args.pattern,
+        "windows": args.windows, "seed": args.seed, "baselines": baselines,
+        "bar": {"cost_ratio_le": COST_BAR, "p95_over_slo_le": SLO_SLACK},
+        "best_baseline_rule": "cheapest baseline with median window P95 <= 1.02 x SLO "
+                              "(else the lowest P95)",
+        "command": " ".join(["python", *sys.argv]),
+        "machine": {"python": platform.python_version(), "cpu": platform.processor(),
+                    "cores": os.cpu_count()},
+        "load_avg_start": os.getloadavg(), "models": {}}
+    for name, ckpt in pairs:
+        tm, cm = time.perf_counter(), time.process_time()
+        res = compare(ckpt, pattern=args.pattern, windows=args.windows, seed=args.seed,
+                      baselines=baselines,
+                      progress=lambda s, n=name: print(f"{n}: {s}", file=sys.stderr,
+                                                       flush=True))
+        res["training"] = training_record(ckpt)
+        res["eval_wall_s"], res["eval_cpu_s"] = (time.perf_counter() - tm,
+                                                 time.process_time() - cm)
+        out["models"][name] = res
+        print(f"{name}: cost/best ({res['best_baseline']}) = "
+              f"{res['cost_ratio_vs_best_baseline']:.3f}, P95/SLO = {res['p95_over_slo']:.3f}",
+              flush=True)
+    out["load_avg_end"] = os.getloadavg()
+    out["wall_s"], out["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
+    write_json_atomic(args.out, out)
+    plot(out, args.out.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()
