@@ -37,6 +37,30 @@ COLOURS = {"smoe": "tab:red", "static-pop": "tab:blue", "static": "tab:gray",
            "hpa": "tab:green", "elasticmoe": "tab:purple", "faasconf": "tab:olive"}
 
 
+def reference_plans(sc: Any, setup: Any, space: Any) -> dict[str, Any]:
+    """Fixed plans cheaper than ``static-pop`` inside sMoE's configuration space, to
+    show what was reachable: its plan with every expert at 512 MB (half the price and
+    half the vCPUs of 1024 MB; 512 MB passes the memory filter for these experts), and
+    also with its segments at 2048 MB. Reference rows only: derived from the baseline
+    by hand, never planned, never a baseline."""
+    import dataclasses
+
+    from moefleet.autoscale.smoe.evaluate import static_pop
+    from moefleet.autoscale.smoe.popularity import PlanPolicy
+
+    plan = static_pop(sc, setup, space)["plan"]
+    if plan is None:
+        return {}
+    experts = {f.name for f in sc.plan.placement().functions if f.role == "expert"}
+    half = {n: dataclasses.replace(c, memory_mb=512) if n in experts else c
+            for n, c in plan.items()}
+    both = {n: c if n in experts else dataclasses.replace(c, memory_mb=2048)
+            for n, c in half.items()}
+    return {"ref:pop-experts512": lambda: PlanPolicy("ref:pop-experts512", half),
+            "ref:pop-experts512-seg2048": lambda: PlanPolicy("ref:pop-experts512-seg2048",
+                                                             both)}
+
+
 def plot(res: dict[str, Any], path: Path) -> None:
     """Top: cost / best baseline per model x controller (bar labels: P95 / SLO).
     Bottom: per-interval P95 / SLO over the first held-out window, one panel per model."""
@@ -53,7 +77,7 @@ def plot(res: dict[str, Any], path: Path) -> None:
         xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(models))]
         rows = [res["models"][m]["controllers"][n] for m in models]
         bars = top.bar(xs, [r["cost_over_best"] for r in rows], width, label=n,
-                       color=COLOURS.get(n))
+                       color=COLOURS.get(n), hatch="//" if n.startswith("ref:") else None)
         for b, r in zip(bars, rows, strict=True):
             top.annotate(f"{r['p95_over_slo']:.2f}", (b.get_x() + b.get_width() / 2,
                                                        b.get_height()),
@@ -69,6 +93,8 @@ def plot(res: dict[str, Any], path: Path) -> None:
     for i, m in enumerate(models):
         ax = fig.add_subplot(grid[1, i])
         for n, r in res["models"][m]["controllers"].items():
+            if n.startswith("ref:"):  # fixed reference plans: bars only
+                continue
             s = r["interval_p95_over_slo"][0]
             ax.plot([t / 60 for t in s["t_s"]], s["p95_over_slo"], label=n, lw=1,
                     color=COLOURS.get(n))
@@ -91,6 +117,8 @@ def main() -> None:
     ap.add_argument("--pattern", default="bursty")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--baselines", default=",".join(BASELINES))
+    ap.add_argument("--references", action="store_true",
+                    help="also run the fixed reference plans (reference_plans)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -116,6 +144,7 @@ def main() -> None:
         tm, cm = time.perf_counter(), time.process_time()
         res = compare(ckpt, pattern=args.pattern, windows=args.windows, seed=args.seed,
                       baselines=baselines,
+                      extra=reference_plans if args.references else None,
                       progress=lambda s, n=name: print(f"{n}: {s}", file=sys.stderr,
                                                        flush=True))
         res["training"] = training_record(ckpt)

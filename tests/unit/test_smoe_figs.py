@@ -57,10 +57,15 @@ def test_compare_writes_every_key_the_figures_read(tmp_path: Path) -> None:
     _, agent = new_agent(setup, SPACE, ActorSpec(hidden=8), DDPGConfig(), seed=0)
     ckpt = save_checkpoint(tmp_path / "f.pt", agent, setup, 0, [])
     res = compare(ckpt, pattern="bursty", windows=1, prompt_tokens=32,
-                  baselines=("static", "elasticmoe"))
+                  baselines=("static", "elasticmoe"),
+                  extra=lambda sc, setup, space: {"ref:static": lambda: None})
     assert res["prompt_tokens"] == 32 and res["trained_prompt_tokens"] == 64
     assert res["slo_s"] == 0.2 and res["best_baseline"] in ("static", "elasticmoe")
-    assert set(res["controllers"]) == {"smoe", "static", "elasticmoe"}
+    assert set(res["controllers"]) == {"smoe", "static", "elasticmoe", "ref:static"}
+    # a reference row is reported, never the best baseline (the static plan twice:
+    # same arrivals and seed, so the same cost)
+    ref = res["controllers"]["ref:static"]
+    assert ref["cost_usd"] == res["controllers"]["static"]["cost_usd"]
     for row in res["controllers"].values():
         assert row["cost_over_best"] > 0 and len(row["window_p95_over_slo"]) == 1
         series = row["interval_p95_over_slo"][0]
@@ -69,5 +74,8 @@ def test_compare_writes_every_key_the_figures_read(tmp_path: Path) -> None:
     assert res["cost_ratio_vs_best_baseline"] == res["controllers"]["smoe"]["cost_over_best"]
     with pytest.raises(AutoscaleError, match="prompt_tokens"):
         compare(ckpt, prompt_tokens=0)
+    with pytest.raises(AutoscaleError, match="shadows"):
+        compare(ckpt, baselines=("static",),
+                extra=lambda sc, setup, space: {"static": lambda: None})
     with pytest.raises(AutoscaleError, match="unknown or no baselines"):
         compare(ckpt, baselines=("nope",))

@@ -17,9 +17,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from moefleet.autoscale.base import AutoscaleError
+from moefleet.autoscale.base import AutoscaleError, AutoscalePolicy
 from moefleet.autoscale.smoe.evaluate import BASELINES, baseline, evaluate, smoe_factory
+from moefleet.autoscale.smoe.harness import Scenario
+from moefleet.autoscale.smoe.space import ConfigSpace
+from moefleet.autoscale.smoe.train import TrainSetup
 
+ExtraFn = Callable[[Scenario, TrainSetup, ConfigSpace],
+                   dict[str, Callable[[], AutoscalePolicy | None]]]
 SLO_SLACK = 1.02  # the bar's P95 slack
 COST_BAR = 0.75  # the bar's cost ratio against the best baseline
 MAX_PROMPT_TOKENS = 4096  # bounds the simulated pass (a user number)
@@ -55,11 +60,13 @@ def normalise(rows: dict[str, Any], learned: str = "smoe",
 def compare(checkpoint: str | Path, *, pattern: str = "bursty", windows: int = 2,
             seed: int = 0, prompt_tokens: int | None = None,
             baselines: Sequence[str] = BASELINES, data_path: str | None = None,
+            extra: ExtraFn | None = None,
             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The checkpoint's best actor (``smoe``) and ``baselines`` on ``windows`` held-out
     windows of ``pattern``, normalised (:func:`normalise`). ``prompt_tokens`` replaces
     the training input size (the SLO stays the checkpoint's); ``static-pop`` is then
-    planned for that size, as a planner given the input size would."""
+    planned for that size, as a planner given the input size would. ``extra`` adds
+    reference controllers (named rows, never candidates for the best baseline)."""
     if pattern not in ("slow", "normal", "bursty"):
         raise AutoscaleError(f"unknown pattern {pattern!r}", "use slow, normal or bursty")
     if not 1 <= windows <= 20:
@@ -79,6 +86,11 @@ def compare(checkpoint: str | Path, *, pattern: str = "bursty", windows: int = 2
     ctls: dict[str, Any] = {"smoe": make}
     for b in baselines:
         ctls[b] = (lambda b=b: baseline(b, sc, space, setup, data_path))
+    for name, factory in (extra(sc, setup, space) if extra is not None else {}).items():
+        if name in ctls:
+            raise AutoscaleError(f"extra controller {name!r} shadows a compared one",
+                                 "name reference rows apart from smoe and the baselines")
+        ctls[name] = factory
     rows = evaluate(ctls, sc, setup, [pattern], windows, seed, data_path,
                     progress=progress)[pattern]
     return {"model": sc.model, "routing_trace": setup.routing_trace, "slo_s": sc.slo_s,
