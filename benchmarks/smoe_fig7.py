@@ -39,9 +39,10 @@ COLOURS = {"smoe": "tab:red", "static-pop": "tab:blue", "static": "tab:gray",
 
 def reference_plans(sc: Any, setup: Any, space: Any) -> dict[str, Any]:
     """Fixed plans cheaper than ``static-pop`` inside sMoE's configuration space, to
-    show what was reachable: its plan with every expert at 512 MB (half the price and
-    half the vCPUs of 1024 MB; 512 MB passes the memory filter for these experts), and
-    also with its segments at 2048 MB. Reference rows only: derived from the baseline
+    show what was reachable: its plan with one pod per expert (the cheapest at 1024 MB:
+    replicas >= 1, pods are billed while alive), with every expert at 512 MB (half the
+    price and half the vCPUs of 1024 MB; 512 MB passes the memory filter for these
+    experts), and also with its segments at 2048 MB. Reference rows only: derived from the baseline
     by hand, never planned, never a baseline."""
     import dataclasses
 
@@ -56,7 +57,10 @@ def reference_plans(sc: Any, setup: Any, space: Any) -> dict[str, Any]:
             for n, c in plan.items()}
     both = {n: c if n in experts else dataclasses.replace(c, memory_mb=2048)
             for n, c in half.items()}
-    return {"ref:pop-experts512": lambda: PlanPolicy("ref:pop-experts512", half),
+    one = {n: dataclasses.replace(c, replicas=1) if n in experts else c
+           for n, c in plan.items()}
+    return {"ref:one-pod-per-expert": lambda: PlanPolicy("ref:one-pod-per-expert", one),
+            "ref:pop-experts512": lambda: PlanPolicy("ref:pop-experts512", half),
             "ref:pop-experts512-seg2048": lambda: PlanPolicy("ref:pop-experts512-seg2048",
                                                              both)}
 

@@ -33,7 +33,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "smoe_fig8.json"
 
 def plot(res: dict[str, Any], path: Path) -> None:
     """Two heatmaps over pattern x input size: sMoE's cost / best baseline (cell text
-    names the best baseline) and sMoE's P95 / SLO."""
+    names the best baseline, and says when no baseline met the SLO) and sMoE's
+    P95 / SLO."""
     from moefleet.report.figures import pyplot, save_png
 
     plt = pyplot()
@@ -48,7 +49,8 @@ def plot(res: dict[str, Any], path: Path) -> None:
         for i, p in enumerate(pats):
             for j, t in enumerate(toks):
                 c = cells[p][str(t)]
-                extra = f"\n({c['best_baseline']})" if key.startswith("cost") else ""
+                miss = "" if c["best_baseline_meets_slo"] else ", all > SLO"
+                extra = f"\n({c['best_baseline']}{miss})" if key.startswith("cost") else ""
                 ax.text(j, i, f"{c[key]:.2f}{extra}", ha="center", va="center", fontsize=8)
         ax.set_xticks(range(len(toks)))
         ax.set_xticklabels([f"{t}{' (trained)' if t == res['trained_prompt_tokens'] else ''}"
