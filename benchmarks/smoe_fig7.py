@@ -34,7 +34,9 @@ from moefleet.io import write_json_atomic
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "smoe_fig7.json"
 COLOURS = {"smoe": "tab:red", "static-pop": "tab:blue", "static": "tab:gray",
-           "hpa": "tab:green", "elasticmoe": "tab:purple", "faasconf": "tab:olive"}
+           "hpa": "tab:green", "elasticmoe": "tab:purple", "faasconf": "tab:olive",
+           "ref:one-pod-per-expert": "lightsteelblue", "ref:pop-experts512": "wheat",
+           "ref:pop-experts512-seg2048": "lightgray"}
 
 
 def reference_plans(sc: Any, setup: Any, space: Any) -> dict[str, Any]:
@@ -93,15 +95,18 @@ def plot(res: dict[str, Any], path: Path) -> None:
     top.set_ylabel("cost / best baseline")
     top.set_title("bursty: cost normalised to the best baseline (labels: median window "
                   "P95 / SLO; dashed: the 0.75x bar)", fontsize=9)
-    top.legend(fontsize=7, ncol=len(names))
+    tallest = max(r["cost_over_best"] for m in models
+                  for r in res["models"][m]["controllers"].values())
+    top.set_ylim(0, 1.35 * tallest)  # room for the legend and the bar labels
+    top.legend(fontsize=7, ncol=5, loc="upper left")
     for i, m in enumerate(models):
         ax = fig.add_subplot(grid[1, i])
         for n, r in res["models"][m]["controllers"].items():
             if n.startswith("ref:"):  # fixed reference plans: bars only
                 continue
             s = r["interval_p95_over_slo"][0]
-            ax.plot([t / 60 for t in s["t_s"]], s["p95_over_slo"], label=n, lw=1,
-                    color=COLOURS.get(n))
+            ax.plot([t / 60 for t in s["t_s"]], s["p95_over_slo"], label=n, lw=0.8,
+                    marker=".", ms=3, color=COLOURS.get(n))
         ax.axhline(SLO_SLACK, color="k", lw=0.8, ls="--")
         ax.set_yscale("log")
         ax.set_xlabel("minute of window 1")
