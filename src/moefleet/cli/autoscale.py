@@ -88,7 +88,8 @@ def train_cmd(
         help="Warm start: clone the popularity-aware rule before DDPG (see README).")] = True,
     imitation_floor: Annotated[float | None, typer.Option(
         help="Lowest weight of the imitation term once it has faded (0 = fades out "
-             "entirely); recorded in the checkpoint.")] = None,
+             "entirely); default 1 with --teacher (measured, see README), 0 without; "
+             "recorded in the checkpoint.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON result on stdout.")] = False,
 ) -> None:
     """Train sMoE offline in the simulator on Azure Functions 2019 windows (slow,
@@ -99,7 +100,8 @@ def train_cmd(
     with user_errors():
         import torch
 
-        from moefleet.autoscale.smoe.train import scenario_setup, train
+        from moefleet.autoscale.smoe import DDPGConfig
+        from moefleet.autoscale.smoe.train import TEACHER_IMITATION_FLOOR, scenario_setup, train
 
         if threads < 1:
             raise MoefleetError(f"--threads must be >= 1, got {threads}")
@@ -113,13 +115,12 @@ def train_cmd(
             stay_prior = 0.0 if teacher else 3.0
         if not (0 <= stay_prior <= 100):
             raise MoefleetError(f"--stay-prior must be in [0, 100], got {stay_prior:g}")
-        from moefleet.autoscale.smoe import DDPGConfig
-
-        if imitation_floor is not None and not 0 <= imitation_floor <= 10:
+        if imitation_floor is None:
+            imitation_floor = TEACHER_IMITATION_FLOOR if teacher else 0.0
+        if not 0 <= imitation_floor <= 10:
             raise MoefleetError(f"--imitation-floor must be in [0, 10], got {imitation_floor:g}",
-                                "e.g. --imitation-floor 0.1")
-        ddpg = (DDPGConfig() if imitation_floor is None
-                else DDPGConfig(bc_floor=imitation_floor))
+                                "e.g. --imitation-floor 1")
+        ddpg = DDPGConfig(bc_floor=imitation_floor)
         spec, space = variant_parts(variant)
         spec = dataclasses.replace(spec, stay_prior=stay_prior)
         if slo is not None and not slo > 0:
