@@ -20,9 +20,10 @@ SALC's clock is scaled with the trace: its window and check interval are the def
 it would on the paper's 250 s trace (``--salc-scale`` overrides the factor).
 
     python benchmarks/brownout_burst.py [--duration 30] [--loads 0.4,0.5,0.6]
-        [--slo-from base|unloaded]
+        [--slo-from base|unloaded] [--device cuda]
 writes benchmarks/results/brownout_burst.json and brownout_burst.png (P90 latency and
-the threshold over time, for the first load).
+the threshold over time, for the first load); ``_cuda`` before the suffix for
+``--device cuda``.
 """
 
 from __future__ import annotations
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", type=int, default=24)
     ap.add_argument("--kernel", default="loop")
     ap.add_argument("--salc-scale", type=float, default=None)
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     a = ap.parse_args(argv)
     if not 5 <= a.duration <= 1800:
         raise SystemExit("error: --duration must be in [5, 1800] s")
@@ -179,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = [p.text for p in load_prompts("sharegpt", limit=400)]
     pool = [tok.encode(t)[: a.max_prompt] or [0] for t in texts]
     params = SamplingParams(max_tokens=a.output, temperature=0, ignore_eos=True)
-    kw = {"kernel": a.kernel, "max_num_seqs": 32}
+    kw = {"kernel": a.kernel, "max_num_seqs": 32, "device": a.device}
 
     # 1. unloaded latencies -> SLOs; 2. capacity at overload -> base rates
     engine, _, _ = brownout_engine(adapter, ways=None, **kw)
@@ -207,21 +209,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"load {load}: base {base:.2f} req/s, {len(arrivals)} requests", flush=True)
         per_load[str(load)] = {"load": load, "base_rate": base, "requests": len(arrivals),
                                **run_pair(adapter, arrivals, a, (slo_ttft, slo_tpot), kw)}
-    res = {"model": a.model, "duration_s": a.duration, "capacity_req_s": capacity,
+    res = {"model": a.model, "device": a.device, "duration_s": a.duration,
+           "capacity_req_s": capacity,
            "unloaded_ttft_s": unloaded[0], "unloaded_tpot_s": unloaded[1],
            "slo_from": a.slo_from, "slo_factor": a.slo_factor, "ways": a.ways,
            "kernel": a.kernel, "torch_threads": 1, "loads": per_load,
            "violation_reduction": {k: v["violation_reduction"] for k, v in per_load.items()}}
     RESULTS.mkdir(exist_ok=True)
-    write_text_atomic(RESULTS / "brownout_burst.json",
+    stem = "brownout_burst" + ("" if a.device == "cpu" else "_cuda")
+    write_text_atomic(RESULTS / f"{stem}.json",
                       json.dumps(res, indent=2, sort_keys=True) + "\n")
     first = per_load[str(loads[0])]
-    plot(first["runs"], a.duration, first["slo_ttft_s"], first["slo_tpot_s"], loads[0])
+    plot(first["runs"], a.duration, first["slo_ttft_s"], first["slo_tpot_s"], loads[0],
+         a.device, RESULTS / f"{stem}.png")
     print(json.dumps({"violation_reduction": res["violation_reduction"]}))
     return 0
 
 
-def plot(runs, duration: float, slo_ttft: float, slo_tpot: float, load: float) -> None:
+def plot(runs, duration: float, slo_ttft: float, slo_tpot: float, load: float,
+         device: str, out: Path) -> None:
     plt = pyplot()
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
     width = duration / 30
@@ -238,12 +244,13 @@ def plot(runs, duration: float, slo_ttft: float, slo_tpot: float, load: float) -
     for ax in (ax1, ax2, ax3):
         ax.axvline(duration / 3, color="red", lw=0.8)
         ax.legend()
-    ax1.set_title(f"load {load} of capacity before the burst, 2x after (CPU, 1 thread)")
+    where = "CPU, 1 thread" if device == "cpu" else f"{device}, 1 host thread"
+    ax1.set_title(f"load {load} of capacity before the burst, 2x after ({where})")
     ax1.set_ylabel("P90 TTFT (s)")
     ax2.set_ylabel("P90 TPOT (s)")
     ax3.set_ylabel("threshold")
     ax3.set_xlabel("time (s); rate doubles at the red line")
-    save_png(fig, RESULTS / "brownout_burst.png")
+    save_png(fig, out)
 
 
 if __name__ == "__main__":

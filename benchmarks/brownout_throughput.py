@@ -8,9 +8,11 @@ the per-expert ("non-fused", kernel ``loop``) and the stacked ("fused", kernel
 ``stacked``) expert paths. Throughput = output tokens / (last finish - first arrival);
 side by side in one run, one thread.
 
-    python benchmarks/brownout_throughput.py [--requests 48] [--rates 2,8,1000]
+    python benchmarks/brownout_throughput.py [--requests 48] [--rates 2,8,1000] [--device cuda]
 writes benchmarks/results/brownout_throughput.json (``speedup_vs_zero`` per
-configuration, path and rate) and brownout_throughput.png.
+configuration, path and rate) and brownout_throughput.png (``_cuda`` before the suffix
+for ``--device cuda``; on CUDA the expert-path timer synchronises the device around each
+call, so the profile pass's step is slightly slower than the throughput rows').
 
 A separate profile pass (all requests at once, loop kernel) times the expert path (the
 ExpertFn the engine calls, brownout routing included) and counts expert accesses per
@@ -54,19 +56,23 @@ def prompts(tok, n: int, max_prompt: int) -> list[list[int]]:
 class TimedExperts:
     """Times an ExpertFn and counts the distinct experts each layer call routes to."""
 
-    def __init__(self, inner) -> None:
+    def __init__(self, inner, device: str) -> None:
         self.inner, self.seconds, self.calls, self.routed = inner, 0.0, 0, 0
+        # CUDA launches are asynchronous: without a sync the timer sees launch time only
+        self.sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
     def __call__(self, layer, x_ND, ids_NK, w_NK):
+        self.sync()
         t0 = time.perf_counter()
         y = self.inner(layer, x_ND, ids_NK, w_NK)
+        self.sync()
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         self.routed += int(torch.unique(ids_NK).numel())
         return y
 
 
-def profile_pass(adapter, ids, params, max_wall: float) -> list[dict]:
+def profile_pass(adapter, ids, params, max_wall: float, device: str) -> list[dict]:
     """Expert-path time and accesses at overload, loop kernel, per configuration."""
     arrivals = [(0.0, p, params) for p in ids]
     rows = []
@@ -74,11 +80,11 @@ def profile_pass(adapter, ids, params, max_wall: float) -> list[dict]:
         timers: list[TimedExperts] = []
 
         def wrap(fn, timers=timers):
-            timers.append(TimedExperts(fn))
+            timers.append(TimedExperts(fn, device))
             return timers[-1]
 
         engine, experts, _ = brownout_engine(adapter, ways=ways, threshold=th, kernel="loop",
-                                             wrap=wrap)  # type: ignore[arg-type]
+                                             wrap=wrap, device=device)  # type: ignore[arg-type]
         t0 = time.perf_counter()
         replay(engine, arrivals, max_wall_s=max_wall)
         wall = time.perf_counter() - t0
@@ -112,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", type=int, default=32)
     ap.add_argument("--kernels", default="loop,stacked")
     ap.add_argument("--max-wall", type=float, default=600.0)
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     a = ap.parse_args(argv)
     if not 1 <= a.requests <= 2000:
         sys.exit("error: --requests must be in [1, 2000]")
@@ -127,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         for kernel in a.kernels.split(","):
             for ways, th in CONFIGS:
                 engine, experts, _ = brownout_engine(adapter, ways=ways, threshold=th,
-                                                     kernel=kernel)  # type: ignore[arg-type]
+                                                     kernel=kernel,  # type: ignore[arg-type]
+                                                     device=a.device)
                 t0 = time.perf_counter()
                 outs = replay(engine, arrivals, max_wall_s=a.max_wall)
                 wall = time.perf_counter() - t0
@@ -148,12 +156,14 @@ def main(argv: list[str] | None = None) -> int:
         zero = next(z for z in rows if z["rate"] == r["rate"] and z["kernel"] == r["kernel"]
                     and z["ways"] == "zero")
         r["speedup_vs_zero"] = r["tokens_per_s"] / zero["tokens_per_s"]
-    profile = profile_pass(adapter, ids, params, a.max_wall)
-    res = {"model": a.model, "requests": len(ids), "output_tokens": a.output,
+    profile = profile_pass(adapter, ids, params, a.max_wall, a.device)
+    res = {"model": a.model, "device": a.device, "requests": len(ids),
+           "output_tokens": a.output,
            "max_prompt": a.max_prompt, "torch_threads": 1, "rows": rows,
            "profile_overload_loop": profile}
     RESULTS.mkdir(exist_ok=True)
-    write_text_atomic(RESULTS / "brownout_throughput.json",
+    stem = "brownout_throughput" + ("" if a.device == "cpu" else "_cuda")
+    write_text_atomic(RESULTS / f"{stem}.json",
                       json.dumps(res, indent=2, sort_keys=True) + "\n")
     plt = pyplot()
     fig, axes = plt.subplots(1, len(a.kernels.split(",")), figsize=(10, 4), squeeze=False)
@@ -163,11 +173,11 @@ def main(argv: list[str] | None = None) -> int:
             ax.plot([r["rate"] for r in pts], [r["tokens_per_s"] for r in pts], marker="o",
                     label="zero" if ways is None else f"({ways}, {th})")
         ax.set_xscale("log")
-        ax.set_title(f"{kernel} experts")
+        ax.set_title(f"{kernel} experts ({a.device})")
         ax.set_xlabel("arrival rate (req/s)")
         ax.set_ylabel("output tokens/s")
         ax.legend()
-    save_png(fig, RESULTS / "brownout_throughput.png")
+    save_png(fig, RESULTS / f"{stem}.png")
     return 0
 
 

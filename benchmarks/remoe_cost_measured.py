@@ -230,7 +230,8 @@ def main() -> None:
     out = {"model": MODEL, "platform": args.platform, "requests": len(prompts),
            "new_tokens": args.new_tokens, "prompt_chars": 500, "mean_prompt_tokens": n_in,
            "slo": {"ttft_s": args.ttft, "tpot_s": args.tpot},
-           "gpu": "GPU emulated: main functions ran on CPU, GPU price applied to measured time",
+           # per method: "GPU emulated ..." where the main ran on this CPU, else the device
+           "gpu": {m: s.get("gpu") for m, s in runs.items()},
            "command": "OMP_NUM_THREADS=1 python benchmarks/remoe_cost_measured.py "
                       f"--requests {args.requests} --new-tokens {args.new_tokens} "
                       f"--methods {args.methods}" + (" --calibrate" if cal else "")

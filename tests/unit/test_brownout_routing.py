@@ -157,3 +157,39 @@ def test_distill_cli_rejects_bad_values_with_one_line(args: list[str], needle: s
     res = CliRunner().invoke(app, ["brownout", "distill", "--model", "tiny-olmoe-random", *args])
     assert res.exit_code == 2
     assert needle in res.output.replace("\n", " ")
+
+
+def test_stacked_united_experts_equal_the_loop_and_need_gated_experts() -> None:
+    """The stacked united kernel (two batched matmuls per layer) computes what the loop
+    over united modules does; modules that are not gated experts fall back to the loop."""
+    from moefleet.models.experts import GatedExpert
+
+    gen = torch.Generator().manual_seed(4)
+
+    def gated() -> GatedExpert:
+        return GatedExpert(torch.randn(10, 6, generator=gen), torch.randn(6, 5, generator=gen),
+                           nn.functional.silu)
+
+    experts = [gated() for _ in range(8)]
+    grouping = Grouping(2, "index", {5: index_groups(8, 2)})
+    united = UnitedExperts("m", "k", grouping, {5: [gated() for _ in range(4)]})
+
+    def inner(layer: int, x_ND, ids_NK, w_NK):
+        return combine_experts(experts, x_ND, ids_NK, w_NK)
+
+    x_ND = torch.randn(30, 6, generator=gen)
+    ids_NK = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(30)])
+    w_NK = torch.rand(30, 2, generator=gen).softmax(-1)
+    loop = BrownoutExperts(inner, united, 0.3, united_kernel="loop")
+    stacked = BrownoutExperts(inner, united, 0.3, united_kernel="stacked")
+    with torch.no_grad():
+        want, got = loop(5, x_ND, ids_NK, w_NK), stacked(5, x_ND, ids_NK, w_NK)
+    assert stacked.stats.united_pairs > 0 and stacked._stacked[5] is not None
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    _, _, linear_united, linear_inner = _setup()
+    fallback = BrownoutExperts(linear_inner, linear_united, 0.3, united_kernel="stacked")
+    with torch.no_grad():
+        fallback(5, x_ND, ids_NK, w_NK)
+    assert fallback._stacked[5] is None  # nn.Linear united experts: the loop ran
+    with pytest.raises(BrownoutError, match="united kernel"):
+        BrownoutExperts(inner, united, 0.3, united_kernel="fused")

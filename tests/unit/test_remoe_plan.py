@@ -222,3 +222,32 @@ def test_planner_end_to_end_and_sweep() -> None:
     assert plan.main is not None and plan.main.memory_mb == paper.layout.main_mb
     mix = plan_policy(p, "mix", check_slo=False)
     assert swept.estimate.cost <= mix.estimate.cost * (1 + 1e-9) or not mix.estimate.meets(p)
+
+
+def test_main_memory_holds_the_runtimes_a_real_function_needs() -> None:
+    """(10f) plus the runtime's host memory, and the CUDA runtime's for a GPU main: the
+    paper's constraint alone sized a GPU main that did not start on a real GPU."""
+    from moefleet.plan.remoe.model import main_need_mb, remote_need_mb
+
+    none = np.zeros((1, 2), bool)
+    bare = remoe_problem()
+    real = remoe_problem(runtime_mb=300.0, gpu_runtime_mb=900.0)
+    for kind in ("gpu", "mix", "fetch", "remoe"):  # fetch: once through plan_baseline too
+        assert main_need_mb(real, kind, none) == pytest.approx(
+            main_need_mb(bare, kind, none) + 1200.0)
+    assert main_need_mb(real, "cpu", none) == pytest.approx(main_need_mb(bare, "cpu", none)
+                                                            + 300.0)
+    assert bare.has_gpu and not remoe_problem(gpu_price_gb_s=0.0, gpu_runtime_mb=900.0,
+                                              runtime_mb=0.0).has_gpu
+    one = np.array([False, True])
+    assert remote_need_mb(real, one, 0) == pytest.approx(remote_need_mb(bare, one, 0) + 300)
+    assert remote_need_mb(real, none[0], 0) == 0.0  # no remote experts, no function
+    cpu_only = remoe_problem(gpu_price_gb_s=0.0, gpu_runtime_mb=900.0)
+    assert main_need_mb(cpu_only, "gpu", none) == main_need_mb(bare, "gpu", none)
+    from moefleet.plan.remoe.planner import plan_policy
+
+    plan = plan_policy(real, "gpu", check_slo=False)
+    assert plan.layout.main_mb == 2048  # 1200 MB of runtimes do not fit the 1024 MB option
+    assert plan_policy(bare, "gpu", check_slo=False).layout.main_mb == 1024
+    fetch = plan_policy(real, "fetch", check_slo=False).layout.main_mb
+    assert fetch >= main_need_mb(real, "fetch", none) > 1200

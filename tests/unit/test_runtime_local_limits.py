@@ -32,6 +32,19 @@ def test_a_function_below_the_runtime_footprint_cannot_start(backend: LocalBacke
     assert backend.stats()["out_of_memory"] >= 1
 
 
+def test_an_emulated_device_runtime_is_charged_at_cold_start(backend: LocalBackend) -> None:
+    """A handler whose device is emulated declares that device's host runtime (a GPU
+    main's CUDA runtime): the limit charges it, so what would not start there fails here."""
+    plain = HandlerRef(DEBUG.factory, {"emulated_host_mb": 0})
+    gpu = HandlerRef(DEBUG.factory, {"emulated_host_mb": 1024})
+    backend.deploy(FunctionSpec("plain", "aux", plain, memory_mb=1024))
+    backend.deploy(FunctionSpec("gpu", "aux", gpu, memory_mb=1024))
+    assert unpack(backend.invoke("plain", pack(meta={"op": "pid"})).payload).meta["pid"]
+    with pytest.raises(HandlerError) as err:  # footprint + 1024 MB > 1024 MB
+        backend.invoke("gpu", pack(meta={"op": "pid"}))
+    assert err.value.remote_type == "OutOfMemoryError" and err.value.phase == "init"
+
+
 def test_a_call_over_its_memory_fails_and_the_next_one_runs(backend: LocalBackend) -> None:
     backend.deploy(FunctionSpec("mem", "aux", DEBUG, memory_mb=1024))
     ok = backend.invoke("mem", pack(meta={"op": "alloc", "nbytes": 16 * MB}))

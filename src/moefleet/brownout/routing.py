@@ -27,13 +27,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
 
 from moefleet.errors import MoefleetError
 from moefleet.models.base import ExpertFn, combine_experts
+from moefleet.models.experts import GatedExpert
+from moefleet.models.local_experts import grouped_matmul
 
 if TYPE_CHECKING:
     from moefleet.brownout.united import UnitedExperts
@@ -151,7 +153,10 @@ class BrownoutExperts:
     ``groups`` is a :class:`Grouping` (enough for full brownout) or a
     :class:`~moefleet.brownout.united.UnitedExperts` (its grouping and united modules;
     required for partial brownout). ``threshold`` may be changed between calls (SALC
-    does, per step) through :attr:`threshold`.
+    does, per step) through :attr:`threshold`. ``united_kernel="stacked"`` runs a layer's
+    united experts as two batched matmuls over their stacked weights (as the stacked
+    kernel runs the originals: one launch pair instead of one per group, what a GPU
+    wants); it needs gated experts (:class:`GatedExpert`), else it falls back to the loop.
     """
 
     def __init__(
@@ -160,6 +165,7 @@ class BrownoutExperts:
         groups: Grouping | UnitedExperts,
         threshold: float,
         mode: str = "partial",
+        united_kernel: str = "loop",
     ) -> None:
         if mode not in MODES:
             raise BrownoutError(f"brownout mode {mode!r} is unknown", f"use one of {MODES}")
@@ -175,6 +181,11 @@ class BrownoutExperts:
                 "distill them with `moefleet brownout distill`, or use mode='full'",
             )
         self._group_of = {layer: self.grouping.group_of(layer) for layer in self.grouping.groups}
+        if united_kernel not in ("loop", "stacked"):
+            raise BrownoutError(f"united kernel {united_kernel!r} is unknown",
+                                "use 'loop' or 'stacked'")
+        self.united_kernel = united_kernel
+        self._stacked: dict[int, tuple[torch.Tensor, torch.Tensor, Any] | None] = {}
         self._threshold = check_threshold(threshold)
         self.stats = BrownoutStats()
 
@@ -212,9 +223,10 @@ class BrownoutExperts:
             return self.inner(layer, x_ND, ids_NK, w_NK)
         plan = plan_layer(counts_E.tolist(), self._threshold, group_of, self.mode)
         st.last_plan[layer] = plan
-        run_original = torch.zeros(num_experts, dtype=torch.bool)
+        dev = ids_NK.device
+        run_original = torch.zeros(num_experts, dtype=torch.bool, device=dev)
         run_original[list(plan.original + plan.special)] = True
-        to_united = torch.zeros(num_experts, dtype=torch.bool)
+        to_united = torch.zeros(num_experts, dtype=torch.bool, device=dev)
         for members in plan.united.values():
             to_united[list(members)] = True
         y_ND = torch.zeros_like(x_ND)
@@ -252,18 +264,37 @@ class BrownoutExperts:
         assert self.united is not None
         k = ids_NK.shape[1]
         modules: Sequence[nn.Module] = self.united[layer]
-        gid_E = torch.tensor(group_of, dtype=torch.long)
+        gid_E = torch.tensor(group_of, dtype=torch.long, device=ids_NK.device)
         tok_P = pairs_P // k
         grp_P = gid_E[ids_NK.reshape(-1)[pairs_P]]
         keys_P = tok_P * len(modules) + grp_P
         keys_U, inverse_P = torch.unique(keys_P, return_inverse=True)
         # Gate weights of pairs sharing (token, group) add up (eq. 5 summed per group).
-        w_U = torch.zeros(keys_U.numel(), dtype=w_NK.dtype)
+        w_U = torch.zeros(keys_U.numel(), dtype=w_NK.dtype, device=w_NK.device)
         w_U.index_add_(0, inverse_P, w_NK.reshape(-1)[pairs_P])
         tok_U = keys_U // len(modules)
-        out_UD = combine_experts(
-            list(modules), x_ND[tok_U], (keys_U % len(modules))[:, None], w_U[:, None]
-        )
+        stacked = self._stacked_united(layer) if self.united_kernel == "stacked" else None
+        if stacked is not None:
+            out_UD = grouped_matmul(x_ND[tok_U], (keys_U % len(modules))[:, None],
+                                    w_U[:, None], *stacked)
+        else:
+            out_UD = combine_experts(
+                list(modules), x_ND[tok_U], (keys_U % len(modules))[:, None], w_U[:, None]
+            )
         y_ND = torch.zeros_like(x_ND)
         y_ND.index_add_(0, tok_U, out_UD.to(y_ND.dtype))
         return y_ND
+
+    def _stacked_united(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
+        """The layer's united experts' weights stacked ([G, 2F, D], [G, D, F], act), once;
+        None when they are not gated experts sharing one activation."""
+        if layer not in self._stacked:
+            assert self.united is not None
+            mods = list(self.united[layer])
+            gated = [m for m in mods if isinstance(m, GatedExpert)]
+            # copies of one expert carry copies of its activation: compare what they are
+            ok = len(gated) == len(mods) and len({repr(m.act) for m in gated}) == 1
+            self._stacked[layer] = (torch.stack([m.gate_up.detach() for m in gated]),
+                                    torch.stack([m.down.detach() for m in gated]),
+                                    gated[0].act) if ok else None
+        return self._stacked[layer]

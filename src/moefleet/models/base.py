@@ -279,7 +279,9 @@ class MoEModelAdapter(ABC):
         probe = LayoutProbe()
         step = StepInput.from_lists([0], [[0]], [0], device=self.device)
         h_BTD, ctx = self.begin_step(step, probe)  # type: ignore[arg-type]
-        self._layers(step, h_BTD, ctx, None, {})
+        # The cache's shape is attention's alone: zero expert outputs keep the probe off
+        # the experts, wherever they live (Remoe's main keeps them off the GPU, or remote).
+        self._layers(step, h_BTD, ctx, _no_experts, {})
         return probe.layout(self.num_layers)
 
     @property
@@ -334,3 +336,8 @@ def combine_experts(
         y_ND.index_add_(0, tok, out.to(y_ND.dtype))
         start += n
     return y_ND
+
+
+def _no_experts(layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
+                w_NK: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(x_ND)

@@ -26,7 +26,8 @@ import torch
 from moefleet.engine.engine import Engine, merge_into
 from moefleet.engine.request import RequestOutput, SamplingParams
 from moefleet.engine.runner import LocalRunner
-from moefleet.remoe.main_model import MainModel
+from moefleet.plan.remoe.shapes import GPU_RUNTIME_MB
+from moefleet.remoe.main_model import GPU_EMULATED, MainModel
 from moefleet.remoe.messages import Generate, Result
 from moefleet.runtime.errors import FunctionError
 from moefleet.runtime.handlers import MB, CallContext, Handler, InitContext
@@ -48,6 +49,10 @@ class MainFunction:
                                          self.function, device=str(config.get("device",
                                                                               "auto")))
         self.dep, self.is_local = self.main.dep, self.main.is_local
+        # GPU emulated on this CPU: the memory limit is charged the CUDA runtime's host
+        # memory all the same (runtime/host.py, Instance.emulated_bytes).
+        self.emulated_host_bytes = (int(GPU_RUNTIME_MB * MB)
+                                    if self.main.gpu == GPU_EMULATED else 0)
         kv_bytes = int(config.get("kv_mb", DEFAULT_KV_MB)) * MB
         self.main.check_memory(init.memory_mb, kv_bytes, self.function)
         self.weight_bytes = self.main.weight_bytes

@@ -307,7 +307,8 @@ def expert_handler(config: dict[str, Any], init: InitContext) -> Handler:
 # -- diagnostics --------------------------------------------------------------------------
 def debug_handler(config: dict[str, Any], init: InitContext) -> Handler:
     """A model-free handler. Config: ``init_sleep_s``, ``init_fail`` (raise at cold start),
-    ``init_get`` (a key to read at cold start). Per call, ``meta.op`` is one of
+    ``init_get`` (a key to read at cold start), ``emulated_host_mb`` (host memory it
+    declares for an emulated device, charged by the local limits). Per call, ``meta.op`` is one of
     ``echo`` (return the request bytes), ``sleep`` (``seconds``), ``crash`` (the process
     exits at once), ``crash_once`` (exit unless ``flag`` file exists; creates it),
     ``fail`` (raise ValueError), ``store`` (``puts`` PUTs then GETs of one key), ``copy``
@@ -362,6 +363,8 @@ def debug_handler(config: dict[str, Any], init: InitContext) -> Handler:
             raise PayloadError(f"{ctx.function}: unknown debug op {op!r}", "see debug_handler")
         return pack(meta={"pid": os.getpid(), "op": op})
 
+    emulated = int(float(config.get("emulated_host_mb", 0)) * MB)
+    handle.emulated_host_bytes = emulated  # type: ignore[attr-defined]
     return handle
 
 

@@ -141,6 +141,14 @@ class Instance:
         puts, gets = _requests(counter)
         return ColdStart(time.time() - t0, puts, gets)
 
+    @property
+    def emulated_bytes(self) -> int:
+        """Host memory the platform's instance would hold and this one does not: a
+        handler whose device is emulated declares its runtime (``emulated_host_bytes``,
+        e.g. a GPU main's CUDA runtime on a CPU-only machine), so the memory limit is
+        charged as on the platform and a function that would not start there fails here."""
+        return int(getattr(self.handler, "emulated_host_bytes", 0) or 0)
+
     def call(self, body: bytes, request_id: str | None,
              functions: Invoker | None = None) -> CallResult:
         """One invocation of the (started) handler."""

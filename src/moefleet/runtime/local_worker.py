@@ -122,7 +122,7 @@ class _Worker:
                 inst = _Instance(host, load["function"], int(header["threads"]),
                                  int(load["memory_mb"]), float(header.get("vcpus") or 1.0))
                 if meter is not None:
-                    inst.charged = meter.growth()
+                    inst.charged = meter.growth() + host.emulated_bytes
                     self._check_memory(inst, inst.charged, "init")
                 self.instances[iid] = inst
                 reply.update(cold=True, init_s=cold.init_s, puts=cold.puts, gets=cold.gets)

@@ -191,11 +191,12 @@ class MoE(nn.Module):
         first_pair_E = torch.cumsum(counts_E, 0) - counts_E
         first_row_E = torch.cumsum(rows_E, 0) - rows_E
         sorted_ids_S = ids_S[order_S]
-        rank_S = torch.arange(n * k) - first_pair_E[sorted_ids_S]
+        pair_S = torch.arange(n * k, device=ids_S.device)
+        rank_S = pair_S - first_pair_E[sorted_ids_S]
         pos_S = torch.empty_like(order_S)
         pos_S[order_S] = first_row_E[sorted_ids_S] + rank_S
-        src_R = torch.full((int(rows_E.sum()),), n, dtype=torch.long)
-        src_R[pos_S] = torch.arange(n * k) // k
+        src_R = torch.full((int(rows_E.sum()),), n, dtype=torch.long, device=ids_S.device)
+        src_R[pos_S] = pair_S // k
         return pos_S.view(n, k), src_R, rows_E.tolist()
 
     def forward(self, x_ND: torch.Tensor) -> tuple[torch.Tensor, RoutingStats]:

@@ -104,7 +104,10 @@ def _gpu_expert_bytes(p: RemoeProblem, kind: Kind) -> float:
 
 
 def main_need_mb(p: RemoeProblem, kind: Kind, remote_LE: np.ndarray) -> float:
-    """Constraint (10f): CPU memory the main function must hold (MB)."""
+    """Constraint (10f): CPU memory the main function must hold (MB), plus the host
+    memory its runtime takes (and its CUDA runtime's, when the main has a GPU): a main
+    sized without them would not start on the platform."""
+    runtime = p.runtime_mb + (p.gpu_runtime_mb if kind != "cpu" and p.has_gpu else 0.0)
     local = float(np.sum(~remote_LE)) * p.expert_bytes
     tokens = p.token_bytes * p.n_out
     if kind == "cpu":  # non-experts and the KV cache live in CPU memory too
@@ -112,13 +115,15 @@ def main_need_mb(p: RemoeProblem, kind: Kind, remote_LE: np.ndarray) -> float:
                                                            + p.kv_bytes_per_token)
     if kind == "gpu":
         local = 0.0
-    return (local + tokens) / 2**20
+    return (local + tokens) / 2**20 + runtime
 
 
 def remote_need_mb(p: RemoeProblem, remote_E: np.ndarray, layer: int) -> float:
-    """Constraint (10e): the remote function of a layer holds its experts and tokens."""
+    """Constraint (10e): the remote function of a layer holds its experts and tokens
+    (and its runtime, when it holds any)."""
     n = p.prefill_tokens_LE[layer]
-    return float(np.sum(remote_E * (p.expert_bytes + p.token_bytes * n))) / 2**20
+    held = float(np.sum(remote_E * (p.expert_bytes + p.token_bytes * n))) / 2**20
+    return held + (p.runtime_mb if bool(np.any(remote_E)) else 0.0)
 
 
 def remote_decode_s(p: RemoeProblem, share: np.ndarray, y_gb: np.ndarray) -> np.ndarray:

@@ -161,10 +161,8 @@ def plan_baseline(p: RemoeProblem, kind: Kind, check_slo: bool = True) -> RemoeR
                          "use a GPU platform, or --policy cpu")
     t0 = time.perf_counter()
     x = np.zeros((p.num_layers, p.num_experts), bool)
+    # Fetch: nothing is remote, so every expert stays cached in the main's CPU memory.
     need = main_need_mb(p, kind, x)
-    if kind == "fetch":  # every expert stays cached in CPU memory
-        need = (p.num_layers * p.num_experts * p.expert_bytes
-                + p.token_bytes * p.n_out) / 2**20
     main_mb = p.round_main(need)
     lay = Layout(kind, main_mb, x, (0,) * p.num_layers, ((),) * p.num_layers)
     est = evaluate(p, lay)

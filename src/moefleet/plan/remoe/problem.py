@@ -138,6 +138,12 @@ class RemoeProblem:
     # rate (0: weights are not counted, the cold start is the platform's constant only).
     load_bytes_s: float = 0.0
     gpu_card_gb: float = math.inf  # one GPU's memory: a main function must fit on one
+    # Host memory beyond weights, tokens and cache (MB), absent from the paper's (10e)/(10f):
+    # every function's runtime (interpreter + torch), and a GPU main's CUDA runtime
+    # (context, kernels, cuBLAS). Measured values come from ``shapes``; 0 keeps the
+    # paper's constraints exactly (hand-checkable tests).
+    runtime_mb: float = 0.0
+    gpu_runtime_mb: float = 0.0
     eta: float = 0.1  # PT <= η·GT in the memory subproblem (IV-E)
     epsilon: float = 1.0 / 64  # MMP's step of the remote ratio b
     platform: str = ""

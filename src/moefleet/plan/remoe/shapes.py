@@ -23,6 +23,18 @@ import numpy as np
 from moefleet.errors import UnknownNameError
 from moefleet.plan.remoe.problem import RemoeError, RemoeProblem, fit_time_law
 
+# Host memory a function needs before any weight (MB), measured with
+# ``moefleet.runtime.local_limits.rss_bytes`` (see README "Remoe on a real GPU"):
+# RUNTIME_MB: a ready local worker (Python + torch + moefleet), 233 MB here (torch 2.13,
+# CPU build), rounded up. GPU_RUNTIME_MB: what a GPU main adds on an H100 machine (torch
+# 2.11 + CUDA 13): the CUDA build of torch (505 MB ready worker), its context and cuBLAS
+# (+263 MB) and the kernels a step loads. The GPU-only plan's main of tiny-moe-lm-e32 (no
+# host-resident weights) peaked at 1,357 MB RSS there: 1,101 MB over RUNTIME_MB, rounded
+# up to 1,280 MB for the kernels other batch shapes load. Sized without it, that main
+# (1,024 MB) did not start: 1,240 MB used during init.
+RUNTIME_MB = 256.0
+GPU_RUNTIME_MB = 1280.0
+
 
 @dataclass(frozen=True)
 class ModelDims:
@@ -202,4 +214,5 @@ def problem_for(dims: ModelDims, timing: Timing, spec: Any, s_LE: np.ndarray, *,
         max_replicas=min(max_replicas, rspec.limits.max_replicas),
         max_vcpus=max_vcpus, cpu_mem_price_gb_s=rpr.per_gb_s, load_bytes_s=load_bytes_s,
         gpu_card_gb=float(spec.gpu.memory_gb) if spec.gpu is not None else math.inf,
+        runtime_mb=RUNTIME_MB, gpu_runtime_mb=GPU_RUNTIME_MB if gpu else 0.0,
         platform=spec.name if rspec is spec else f"{spec.name}+{rspec.name}")
