@@ -113,8 +113,10 @@ def load_routing(path: str, experts: list[int], top_k: int) -> Router:
 
     if not Path(path).is_file():
         raise AutoscaleError(f"no routing trace at {path}",
-                             "record one: moefleet profile --model tiny-moe-lm --dataset "
-                             f"sharegpt:train --max-tokens 16384 --no-attention-ids --out {path}")
+                             "record one with the zoo model of the scenario's shape (e.g. "
+                             "tiny-moe-lm for 4 x 8 top-2): moefleet profile --model MODEL "
+                             "--dataset sharegpt:train --max-tokens 16384 --no-attention-ids "
+                             f"--out {path}")
     router = router_from_trace(read_trace(path), "rows")
     if router.num_experts != experts or router.top_k != top_k:
         raise AutoscaleError(
