@@ -31,6 +31,14 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "smoe_fig8.json"
 
 
+def slim(cell: dict[str, Any]) -> dict[str, Any]:
+    """The cell without per-interval P95 series (Fig. 8 reads per-window numbers; the
+    series would make the JSON ~10x larger)."""
+    rows = {n: {k: v for k, v in r.items() if k != "interval_p95_over_slo"}
+            for n, r in cell["controllers"].items()}
+    return {**cell, "controllers": rows}
+
+
 def plot(res: dict[str, Any], path: Path) -> None:
     """Two heatmaps over pattern x input size: sMoE's cost / best baseline (cell text
     names the best baseline, and says when no baseline met the SLO) and sMoE's
@@ -102,7 +110,7 @@ def main() -> None:
                           prompt_tokens=t, baselines=baselines,
                           progress=lambda s, t=t: print(f"{t} tokens: {s}", file=sys.stderr,
                                                         flush=True))
-            out["cells"][p][str(t)] = res
+            out["cells"][p][str(t)] = res = slim(res)
             out.setdefault("slo_s", res["slo_s"])
             out.setdefault("model", res["model"])
             out.setdefault("trained_prompt_tokens", res["trained_prompt_tokens"])
