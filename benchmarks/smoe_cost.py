@@ -22,7 +22,6 @@ best of the older set without it (``..._without_static_pop``) is written beside.
 from __future__ import annotations
 
 import argparse
-import itertools
 import platform
 import sys
 import time
@@ -38,34 +37,13 @@ from moefleet.autoscale.smoe.evaluate import (
     smoe_factory,
     static_pop,
 )
-from moefleet.autoscale.smoe.train import load_checkpoint
+from moefleet.autoscale.smoe.figs import SLO_SLACK, best_baseline, training_record
 from moefleet.io import write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "smoe_cost.json"
 ABLATIONS = ("no-cc", "no-dagnn", "no-pointer", "ddpg-only")
-SLO_SLACK = 1.02
 OLD_BASELINES = tuple(b for b in BASELINES if b != "static-pop")
-
-
-def _total_wall(hist: list[dict[str, Any]]) -> float:
-    """Wall seconds over all (resumed) sessions: each session's clock restarts at 0."""
-    total, last = 0.0, 0.0
-    for row in hist:
-        if row["wall_s"] < last:
-            total += last
-        last = row["wall_s"]
-    return total + last
-
-
-def best_baseline(rows: dict[str, Any], names: tuple[str, ...] = BASELINES
-                  ) -> tuple[str, bool]:
-    ok = {n: r for n, r in rows.items() if n in names
-          and r["p95_over_slo"] <= SLO_SLACK}
-    if ok:
-        return min(ok, key=lambda n: ok[n]["cost_usd"]), True
-    base = {n: r for n, r in rows.items() if n in names}
-    return min(base, key=lambda n: base[n]["p95_over_slo"]), False
 
 
 def plot(res: dict[str, Any], path: Path) -> None:
@@ -123,14 +101,9 @@ def main() -> None:
         ckpts[f"smoe-{v}"] = p
     warm: dict[str, Any] = {}
     for name, p in ckpts.items():
-        _, agent, _, _, hist = load_checkpoint(p)
-        warm[name] = {k: v for k, v in agent.warm.items() if k != "search"}
-        training[name] = {"episodes": len(hist), "wall_s": _total_wall(hist),
-                          "sessions": 1 + sum(b["wall_s"] < a["wall_s"]
-                                              for a, b in itertools.pairwise(hist)),
-                          # cumulative CPU seconds of the training process(es); runs
-                          # started before CPU accounting count from their resume
-                          "cpu_s": hist[-1].get("cpu_s") if hist else None}
+        rec = training_record(p)
+        warm[name] = rec["warm_start"]
+        training[name] = {k: rec[k] for k in ("episodes", "wall_s", "sessions", "cpu_s")}
     for b in BASELINES:
         ctls[b] = (lambda b=b: baseline(b, sc, space, setup))
     pats = [p.strip() for p in args.patterns.split(",") if p.strip()]

@@ -61,14 +61,18 @@ def test_train_resume_and_eval(tmp_path: Path) -> None:
     base = ["autoscale", "train", "--out", str(out), "--model", TINY, "--slo", "0.2",
             "--interval", "30", "--window-minutes", "10", "--mean-rps", "0.5", "--json",
             "--no-teacher"]
-    res = runner.invoke(app, [*base, "--episodes", "1"], catch_exceptions=False)
+    res = runner.invoke(app, [*base, "--episodes", "1", "--imitation-floor", "0.25"],
+                        catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["episodes"] == 1
     res = runner.invoke(app, [*base, "--episodes", "2", "--resume"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["episodes"] == 2
-    hist = load_checkpoint(out)[4]
+    _, agent, _, _, hist = load_checkpoint(out)
     assert [h["episode"] for h in hist] == [1, 2] and hist[0]["pattern"] == "bursty"
+    # the floor is the checkpoint's: the resumed session kept it without the option
+    assert agent.cfg.bc_floor == 0.25
+    assert all(h["imitation_weight"] >= 0.25 for h in hist)
     res = runner.invoke(app, ["autoscale", "eval", "-c", str(out), "--pattern", "bursty",
                               "--windows", "1", "--baselines", "static,elasticmoe", "--json"],
                         catch_exceptions=False)
@@ -87,6 +91,7 @@ def test_train_resume_and_eval(tmp_path: Path) -> None:
     (["train", "--out", "x.pt", "--scenario", "skewed", "--routing-trace", "none.parquet"],
      "no routing trace at none.parquet"),
     (["train", "--out", "x.pt", "--slo", "0"], "--slo must be > 0"),
+    (["train", "--out", "x.pt", "--imitation-floor", "-0.5"], "--imitation-floor must be"),
     (["eval", "-c", "missing.pt"], "no sMoE checkpoint"),
 ])
 def test_bad_input_is_one_line_error(args: list[str], needle: str) -> None:

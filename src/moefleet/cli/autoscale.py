@@ -106,6 +106,10 @@ def train_cmd(
              "default 3 without --teacher, 0 with it (the clone is the safe start).")] = None,
     teacher: Annotated[bool, typer.Option(
         help="Warm start: clone the popularity-aware rule before DDPG (see README).")] = True,
+    imitation_floor: Annotated[float | None, typer.Option(
+        help="Lowest weight of the imitation term once it has faded (0 = fades out "
+             "entirely); default 1 with --teacher (measured, see README), 0 without; "
+             "recorded in the checkpoint.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON result on stdout.")] = False,
 ) -> None:
     """Train sMoE offline in the simulator on Azure Functions 2019 windows (slow,
@@ -116,7 +120,8 @@ def train_cmd(
     with user_errors():
         import torch
 
-        from moefleet.autoscale.smoe.train import scenario_setup, train
+        from moefleet.autoscale.smoe import DDPGConfig
+        from moefleet.autoscale.smoe.train import TEACHER_IMITATION_FLOOR, scenario_setup, train
 
         if threads < 1:
             raise MoefleetError(f"--threads must be >= 1, got {threads}")
@@ -130,6 +135,12 @@ def train_cmd(
             stay_prior = 0.0 if teacher else 3.0
         if not (0 <= stay_prior <= 100):
             raise MoefleetError(f"--stay-prior must be in [0, 100], got {stay_prior:g}")
+        if imitation_floor is None:
+            imitation_floor = TEACHER_IMITATION_FLOOR if teacher else 0.0
+        if not 0 <= imitation_floor <= 10:
+            raise MoefleetError(f"--imitation-floor must be in [0, 10], got {imitation_floor:g}",
+                                "e.g. --imitation-floor 1")
+        ddpg = DDPGConfig(bc_floor=imitation_floor)
         spec, space = variant_parts(variant, parse_gpu_shares(gpu_shares))
         spec = dataclasses.replace(spec, stay_prior=stay_prior)
         if slo is not None and not slo > 0:
@@ -141,7 +152,8 @@ def train_cmd(
         bar = _Progress(f"training sMoE ({variant})", episodes)
         try:
             res = train(out, episodes=episodes, setup=setup, space=space, spec=spec,
-                        seed=seed, resume=resume, time_budget_s=time_budget, teacher=teacher,
+                        ddpg=ddpg, seed=seed, resume=resume, time_budget_s=time_budget,
+                        teacher=teacher,
                         progress=lambda d, n, row: bar.step(
                             d, f"{row['pattern']} cost ${row['cost_usd']:.4f} "
                                f"P95 {row['p95_s']:.3g}s reward {row['reward']:.1f}"))

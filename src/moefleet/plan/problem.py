@@ -37,6 +37,7 @@ import numpy as np
 
 from moefleet.errors import DataError, MoefleetError
 from moefleet.models.shape import ModelShape
+from moefleet.plan.problem_checks import check_problem
 from moefleet.platform.inline import planning_inline_bytes
 from moefleet.platform.specs import LinearVcpu, PlatformSpec
 from moefleet.profiles.model import ComputeProfile
@@ -48,15 +49,6 @@ MAX_MEMORY_OPTIONS = 24  # platforms with 1 MB steps get a grid of at most this 
 
 class InfeasibleError(MoefleetError):
     """No deployment meets the constraints (SLO, memory, payload)."""
-
-
-def _finite_positive(values: np.ndarray, what: str) -> None:
-    if values.size and (not np.all(np.isfinite(values)) or np.any(values <= 0)):
-        bad = values[~(np.isfinite(values) & (values > 0))].ravel()[:3].tolist()
-        raise DataError(
-            f"{what} must be finite and positive, got {bad}",
-            "re-measure the compute profile (moefleet profile) or fix the explicit values",
-        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,78 +91,7 @@ class PlanningProblem:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        n_l = len(self.moe_layers)
-        if self.num_blocks < 1 or n_l < 1:
-            raise DataError(
-                f"model needs >= 1 block and >= 1 MoE layer, got {self.num_blocks} blocks, "
-                f"{n_l} MoE layers",
-                "check the model summary / profile",
-            )
-        if len(self.num_experts) != n_l or any(e < 1 for e in self.num_experts):
-            raise DataError(
-                f"num_experts {list(self.num_experts)} must give >= 1 expert for each of the "
-                f"{n_l} MoE layers",
-                "pass one expert count per MoE layer",
-            )
-        if any(not 0 <= b < self.num_blocks for b in self.moe_layers):
-            raise DataError(
-                f"MoE layers {list(self.moe_layers)} outside 0..{self.num_blocks - 1}",
-                "the profile and the model disagree; re-profile",
-            )
-        c = self.counts_LE
-        max_e = max(self.num_experts)
-        if c.ndim != 2 or c.shape[0] != n_l or c.shape[1] < max_e:
-            raise DataError(
-                f"counts have shape {tuple(c.shape)}, the model needs ({n_l}, {max_e}) "
-                f"({n_l} MoE layers, up to {max_e} experts)",
-                "use counts recorded on this model (moefleet profile / predict)",
-            )
-        if not np.issubdtype(c.dtype, np.integer) or np.any(c < 0):
-            raise DataError("counts must be non-negative integers", "round predicted counts up")
-        for li, e in enumerate(self.num_experts):
-            if np.any(c[li, e:] != 0):
-                raise DataError(
-                    f"MoE layer {self.moe_layers[li]} has {e} experts but counts for more",
-                    "the counts were recorded on another model",
-                )
-        if self.intermediate_bytes_per_token and len(self.intermediate_bytes_per_token) != n_l:
-            raise DataError(
-                f"intermediate_bytes_per_token needs {n_l} values (one per MoE layer), got "
-                f"{len(self.intermediate_bytes_per_token)}")
-        if min(self.runtime_bytes, self.intermediate_bytes,
-               *self.intermediate_bytes_per_token, self.inline_limit_bytes) < 0:
-            raise DataError("memory and payload sizes must be >= 0")
-        if len(self.expert_param_bytes) != n_l or min(self.expert_param_bytes) <= 0:
-            raise DataError("expert_param_bytes needs one positive value per MoE layer")
-        if self.bytes_in <= 0 or self.bytes_out <= 0:
-            raise DataError(f"bytes per token must be > 0, got {self.bytes_in}/{self.bytes_out}")
-        opts = list(self.memory_options_mb)
-        if not opts or opts != sorted(set(opts)):
-            raise DataError(f"memory options {opts} must be non-empty and ascending")
-        for m in opts:
-            self.platform.check_memory(m)
-        if self.per_token_s_LJ.shape != (n_l, len(opts)):
-            raise DataError(
-                f"per_token_s_LJ has shape {self.per_token_s_LJ.shape}, expected "
-                f"({n_l}, {len(opts)})"
-            )
-        _finite_positive(self.per_token_s_LJ, "per-token expert times U_j")
-        for mem, row in self.extra_per_token_s.items():
-            _finite_positive(np.asarray(row, dtype=float), f"per-token times at {mem} MB")
-        if not (math.isfinite(self.slo_s) and self.slo_s > 0):
-            raise DataError(f"the SLO must be a positive number of seconds, got {self.slo_s}")
-        seg = np.asarray(self.segment_time_s, dtype=float)
-        if len(seg) != self.num_blocks or not np.all(np.isfinite(seg)) or np.any(seg < 0):
-            raise DataError(f"segment times need {self.num_blocks} finite values >= 0")
-        if len(self.segment_param_bytes) != self.num_blocks:
-            raise DataError(f"segment_param_bytes needs {self.num_blocks} values")
-        if self.positions and self.positions < self.tokens:
-            raise DataError(f"positions ({self.positions}) must be >= tokens ({self.tokens})",
-                            "count padding positions too (B x T), or pass 0")
-        if self.max_replicas < 1 or self.tokens < 1:
-            raise DataError(
-                f"max_replicas ({self.max_replicas}) and tokens ({self.tokens}) must be >= 1"
-            )
+        check_problem(self)
 
     # ---- derived quantities -----------------------------------------------------------
     @property

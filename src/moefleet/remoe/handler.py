@@ -26,7 +26,7 @@ import torch
 from moefleet.engine.engine import Engine, merge_into
 from moefleet.engine.request import RequestOutput, SamplingParams
 from moefleet.engine.runner import LocalRunner
-from moefleet.plan.remoe.shapes import GPU_RUNTIME_MB
+from moefleet.plan.remoe.shapes import GPU_EMULATED_HOST_MB
 from moefleet.remoe.main_model import GPU_EMULATED, MainModel
 from moefleet.remoe.messages import Generate, Result
 from moefleet.runtime.errors import FunctionError
@@ -49,9 +49,9 @@ class MainFunction:
                                          self.function, device=str(config.get("device",
                                                                               "auto")))
         self.dep, self.is_local = self.main.dep, self.main.is_local
-        # GPU emulated on this CPU: the memory limit is charged the CUDA runtime's host
-        # memory all the same (runtime/host.py, Instance.emulated_bytes).
-        self.emulated_host_bytes = (int(GPU_RUNTIME_MB * MB)
+        # GPU emulated on this CPU: the memory limit is charged what CUDA adds to the same
+        # main's host memory all the same (runtime/host.py, Instance.emulated_bytes).
+        self.emulated_host_bytes = (int(GPU_EMULATED_HOST_MB * MB)
                                     if self.main.gpu == GPU_EMULATED else 0)
         kv_bytes = int(config.get("kv_mb", DEFAULT_KV_MB)) * MB
         self.main.check_memory(init.memory_mb, kv_bytes, self.function)

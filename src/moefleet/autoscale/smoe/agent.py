@@ -31,6 +31,8 @@ Why the knobs are what they are (diagnosed on the 4x8 scenario, see README):
   experts down to configs that broke the SLO by 100x. Each layer's latency is part of
   the end-to-end P95, so each group is charged for it.
 - The critic uses a Huber loss: SLO penalties are one to two orders above cost terms.
+- ``bc_floor``: with the imitation term faded to 0, the critic alone walked the cloned
+  actor to SLO-breaking plans (README); a floor keeps part of the teacher's pull.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import torch
 from torch import nn
 
 from moefleet.autoscale.base import (
+    AutoscaleError,
     AutoscalePolicy,
     Decisions,
     MetricsSnapshot,
@@ -79,9 +82,15 @@ class DDPGConfig:
     epsilon_min: float = 0.02
     epsilon_decay: float = 0.995  # per control interval
     bc_weight: float = 1.0  # imitation of demonstration transitions, fading out ...
-    bc_updates: int = 3000  # ... linearly over this many updates
+    bc_updates: int = 3000  # ... linearly over this many updates ...
+    bc_floor: float = 0.0  # ... but never below this weight (0 = fades out entirely)
     bc_pretrain_steps: int = 600  # behaviour cloning of the teacher before DDPG ...
     bc_lr: float = 3e-3  # ... with its own optimiser at this rate
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.bc_floor) and 0.0 <= self.bc_floor <= 10.0):
+            raise AutoscaleError(f"imitation floor must be in [0, 10], got {self.bc_floor!r}",
+                                 "e.g. --imitation-floor 0.1")
 
 
 @dataclass
@@ -95,6 +104,16 @@ class Transition:
     demo: bool = False  # the action came from a demonstrating controller
     slo_ok: bool = True  # the interval it ran in met the SLO (only those are imitated)
     target_N: torch.Tensor | None = None  # the teacher's config per node (-1 = none)
+
+
+def imitation_weight(cfg: DDPGConfig, updates: int) -> float:
+    """The imitation term's weight after ``updates`` DDPG updates: ``bc_weight`` fading
+    linearly to 0 over ``bc_updates``, held at ``bc_floor`` from where it would go lower.
+    Invariant: ``bc_floor <= weight <= max(bc_floor, bc_weight)``. The
+    floor keeps the critic's gradient from walking the actor away from the teacher's
+    clone once the fade is over (README, sMoE training)."""
+    fade = cfg.bc_weight * max(0.0, 1.0 - updates / max(cfg.bc_updates, 1))
+    return max(cfg.bc_floor, fade)
 
 
 def group_rewards(dag: PipelineDAG, snap: MetricsSnapshot, slo_s: float,
@@ -231,7 +250,7 @@ class SmoeAgent:
         nn.utils.clip_grad_norm_(self.critic.parameters(), 5.0)
         self.opt_c.step()
         loss_a = self.actor_loss(x, valid)
-        bc_w = cfg.bc_weight * max(0.0, 1.0 - self.updates / max(cfg.bc_updates, 1))
+        bc_w = imitation_weight(cfg, self.updates)
         teach = teacher_loss(self.actor, batch) if bc_w > 0 else None
         # Without a teacher's labels, imitate only demonstrated decisions that kept the
         # SLO: HPA and ElasticMoE break it on bursts, and copying those would teach it.
@@ -301,8 +320,6 @@ class SmoeController(AutoscalePolicy):
                  *, learn: bool = False, behaviour: AutoscalePolicy | None = None,
                  teacher: AutoscalePolicy | None = None) -> None:
         if not (math.isfinite(slo_s) and slo_s > 0):
-            from moefleet.autoscale.base import AutoscaleError
-
             raise AutoscaleError(f"SLO must be > 0 s, got {slo_s!r}")
         self.agent, self.slo_s, self.price_per_s, self.learn = agent, slo_s, price_per_s, learn
         self.configs = agent.space.configs

@@ -109,14 +109,16 @@ def evaluate(controllers: dict[str, Callable[[], AutoscalePolicy | None]], sc: S
              data_path: str | None = None,
              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Per pattern and controller: total cost, P95 over all windows' requests (median of
-    the windows' P95s), share of intervals within the SLO, decision latency, and the
-    alive-pod seconds per function kind and GPU share (which shares a controller used)."""
+    the windows' P95s), share of intervals within the SLO, decision latency; each
+    window's P95 / SLO and the P95 / SLO of every control interval that served requests
+    (with its end time); and the alive-pod seconds per function kind and GPU share
+    (which shares a controller used)."""
     out: dict[str, Any] = {}
     for pattern in patterns:
         ws = eval_windows(setup, pattern, windows, data_path)
         rows: dict[str, Any] = {}
         for name, make in controllers.items():
-            costs, p95s, ok, dec = [], [], [], []
+            costs, p95s, ok, dec, series = [], [], [], [], []
             pods: dict[str, dict[str, float]] = {}
             for i, w in enumerate(ws):
                 arrivals, duration = window_arrivals(w, setup.mean_rps, seed + i, data_path)
@@ -125,6 +127,8 @@ def evaluate(controllers: dict[str, Callable[[], AutoscalePolicy | None]], sc: S
                 p95s.append(r["p95_s"])
                 ok += [p <= sc.slo_s for p in r["window_p95_s"]]
                 dec += r["decide_s"]
+                series.append({"t_s": r["window_t_s"],
+                               "p95_over_slo": [p / sc.slo_s for p in r["window_p95_s"]]})
                 for kind, shares in r["pod_s_by_gpu_share"].items():
                     for share, secs in shares.items():
                         pods.setdefault(kind, {})[share] = pods.get(kind, {}).get(share,
@@ -138,6 +142,8 @@ def evaluate(controllers: dict[str, Callable[[], AutoscalePolicy | None]], sc: S
                 "decision_latency_s": statistics.median(dec) if dec else 0.0,
                 "pod_s_by_gpu_share": pods,
                 "windows": [f"{w.function[:8]}@{w.start_minute} cv={w.cv:.2f}" for w in ws],
+                "window_p95_over_slo": [p / sc.slo_s for p in p95s],
+                "interval_p95_over_slo": series,  # per window: served intervals only
             }
         out[pattern] = rows
     return out

@@ -114,8 +114,10 @@ def load_routing(path: str, experts: list[int], top_k: int) -> Router:
 
     if not Path(path).is_file():
         raise AutoscaleError(f"no routing trace at {path}",
-                             "record one: moefleet profile --model tiny-moe-lm --dataset "
-                             f"sharegpt:train --max-tokens 16384 --no-attention-ids --out {path}")
+                             "record one with the zoo model of the scenario's shape (e.g. "
+                             "tiny-moe-lm for 4 x 8 top-2): moefleet profile --model MODEL "
+                             "--dataset sharegpt:train --max-tokens 16384 --no-attention-ids "
+                             f"--out {path}")
     router = router_from_trace(read_trace(path), "rows")
     if router.num_experts != experts or router.top_k != top_k:
         raise AutoscaleError(
@@ -250,13 +252,15 @@ def run_episode(sc: Scenario, controller: AutoscalePolicy | None, arrivals: list
                     seed=seed, decoder=False, initial=initial)
     res = sim.run(arrivals, duration_s)
     log = rec.log
-    served = [p for p, c in zip(log.p95_s, log.completions, strict=True) if c > 0]
+    served = [(t, p) for t, p, c in zip(log.t_s, log.p95_s, log.completions, strict=True)
+              if c > 0]
     return {
         "cost_usd": float(sum(log.cost_usd)),
         "sim_billed_usd": float(res.cost_usd),
         "p95_s": float(res.latency["p95"] or 0.0),
         "p50_s": float(res.latency["p50"] or 0.0),
-        "window_p95_s": served,
+        "window_p95_s": [p for _, p in served],  # per control interval that served
+        "window_t_s": [t for t, _ in served],  # ... and the end of each such interval
         "completed": int(res.requests["completed"]),
         "arrived": len(arrivals),
         "decide_s": log.decide_s,

@@ -33,8 +33,14 @@ from moefleet.profiles.gpu import A10_BYTES_S, A10_FLOPS_S, PCIE4_BYTES_S, GpuRo
 # host-resident weights) peaked at 1,357 MB RSS there: 1,101 MB over RUNTIME_MB, rounded
 # up to 1,280 MB for the kernels other batch shapes load. Sized without it, that main
 # (1,024 MB) did not start: 1,240 MB used during init.
+# GPU_EMULATED_HOST_MB: what a main with an emulated GPU is charged on a CPU-only machine
+# (the local backend's limits), i.e. what CUDA adds to the *same* main: the GPU-only
+# plan's main peaked at 1,357 MB on the H100 and at 447 MB on this CPU (its non-experts
+# in host memory), 910 MB apart, rounded up. Planner and charge then agree: that main is
+# sized 1,600 MB and is charged 447 + 1,024 MB here.
 RUNTIME_MB = 256.0
 GPU_RUNTIME_MB = 1280.0
+GPU_EMULATED_HOST_MB = 1024.0
 
 
 @dataclass(frozen=True)
