@@ -131,7 +131,7 @@ def test_local_backend_carries_and_clamps_the_share() -> None:
         bill = Meter(GPU, [rec]).bill()
         assert bill.total.total == pytest.approx(GPU.compute_cost(
             2048, GPU.invocation_billed_s(rec.duration_s, rec.init_s), rec.vcpus, 0.5))
-        # The emulated share still holds the CUDA runtime's host memory (1,280 MB): in
+        # The emulated share is charged what CUDA adds to host memory (1,024 MB): in
         # 1024 MB it does not start, as on the platform.
         b.reconfigure("exp-0-0", FunctionConfig(1024, 1, 1, 0.25))
         with pytest.raises(MoefleetError, match="memory"):

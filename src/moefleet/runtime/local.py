@@ -17,8 +17,8 @@ What is **emulated** (one machine standing in for a FaaS fleet):
   vCPU runs on one thread and is then stretched to cpu_s / vCPUs, and memory_mb is enforced
   by charging each instance runtime footprint + its RSS growth + each call's peak
   (:mod:`moefleet.runtime.local_limits`; ``limits=False`` turns both off); a function
-  with a GPU share (emulated: it runs on the CPU, no speed-up) is also charged the CUDA
-  runtime's host memory (``GPU_RUNTIME_MB``, measured on an H100 machine);
+  with a GPU share (emulated: it runs on the CPU, no speed-up) is also charged what CUDA
+  adds to a process's host memory (``GPU_EMULATED_HOST_MB``, measured on an H100);
 - process start and ``import torch`` are paid once per worker (forkserver preload), not
   per instance: ``init_s`` is instance construction + weight download + load only;
 - main functions (kind ``main``, calling others through ``ctx.functions``) run on their
@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from moefleet.plan.remoe.shapes import GPU_RUNTIME_MB
+from moefleet.plan.remoe.shapes import GPU_EMULATED_HOST_MB
 from moefleet.platform import InvocationRecord, ObjectStore, PlatformSpec, load_platform
 from moefleet.platform.inline import base64_inline_bytes
 from moefleet.runtime.base import (
@@ -367,7 +367,8 @@ class LocalBackend(FunctionBackend):
                                   "handler": {"factory": spec.handler.factory,
                                               "config": spec.handler.config},
                                   # an emulated GPU share still holds its CUDA runtime
-                                  "emulated_host_mb": GPU_RUNTIME_MB if spec.gpu_share else 0}
+                                  "emulated_host_mb": (GPU_EMULATED_HOST_MB
+                                                       if spec.gpu_share else 0)}
         sent_at = time.time()
         try:
             with w.send_lock:
