@@ -56,6 +56,7 @@ from moefleet.runtime.aws_package import (
     build_lambda_zip,
     decode_error,
     encode_event,
+    json_object,
     parse_report,
 )
 from moefleet.runtime.base import (
@@ -63,7 +64,6 @@ from moefleet.runtime.base import (
     FunctionSpec,
     InvokeResult,
     check_payload,
-    failed_record,
     payload_limit,
     validate_spec,
 )
@@ -77,20 +77,13 @@ from moefleet.runtime.errors import (
     PayloadTooLargeError,
     ThrottledError,
 )
+from moefleet.runtime.replies import failed_record
 from moefleet.runtime.retry import call_with_retries
 
 log = logging.getLogger(__name__)
 _ENV_LIMIT = 4096  # Lambda: all environment variables of a function, in bytes
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _CRASH_TYPES = {"Runtime.ExitError", "Runtime.Unknown", "Runtime.OutOfMemory"}
-
-
-def _json_object(text: str) -> dict[str, Any] | None:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 class AwsBackend(FunctionBackend):
@@ -380,7 +373,7 @@ class AwsBackend(FunctionBackend):
         if etype == "Function.ResponseSizeTooLarge":
             return PayloadTooLargeError(f"{name}: response payload too large: {message}",
                                         "return less per call, or use the object store")
-        info = _json_object(message) if etype == ERROR_TYPE else None
+        info = json_object(message) if etype == ERROR_TYPE else None
         if info is not None and {"phase", "type", "message"} <= info.keys():
             return HandlerError(f"{name}: {info['phase']} failed: {info['type']}: "
                                 f"{info['message']}", info.get("hint") or "see the handler",

@@ -13,7 +13,7 @@ Invariants: the zip is deterministic (sorted names, fixed timestamps), so its SH
 Lambda's ``CodeSha256`` — depends only on the sources; zips are cached by that code hash in
 ``<cache>/aws/`` and written atomically. Event and result formats are documented in the
 entry point below (:data:`ENTRY_POINT`); :func:`encode_event`, :func:`decode_error` and
-:func:`parse_report` are the caller's side of that format.
+:func:`parse_report` (and :func:`json_object`) are the caller's side of that format.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import zipfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import moefleet
 from moefleet.io import atomic_path, write_text_atomic
@@ -263,3 +264,12 @@ def write_container_context(directory: Path, python: str = "3.11") -> Path:
     write_text_atomic(directory / "requirements.txt", "\n".join(_pins()) + "\n")
     write_text_atomic(directory / "Dockerfile", container_recipe(python))
     return directory / "Dockerfile"
+
+
+def json_object(text: str) -> dict[str, Any] | None:
+    """``text`` parsed as a JSON object (an error message may carry one), else None."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -37,10 +37,7 @@ from moefleet.autoscale.base import FunctionConfig
 from moefleet.errors import MoefleetError, UnknownNameError
 from moefleet.platform import InvocationRecord, PlatformSpec
 from moefleet.runtime.errors import (
-    FunctionCrashedError,
-    HandlerError,
     InvalidFunctionSpecError,
-    InvocationTimeoutError,
     PayloadTooLargeError,
     UnknownFunctionError,
 )
@@ -208,51 +205,6 @@ def check_payload(name: str, nbytes: int, limit: int, direction: str = "request"
             "send fewer tokens per invocation (more replicas), or pass tensors through "
             "the object store (method 'storage' or 'pipelined')",
         )
-
-
-# -- shared by backends (errors; the reply header of local workers and ray replicas) ------
-def timeout_error(name: str, timeout_s: float) -> InvocationTimeoutError:
-    """A call of ``name`` ran past ``timeout_s`` and its instance was stopped."""
-    return InvocationTimeoutError(
-        f"{name}: invocation ran past timeout_s={timeout_s:g} s; its instance was stopped",
-        "raise timeout_s or send less work per call")
-
-
-def crashed_error(name: str, attempts: int, process: str) -> FunctionCrashedError:
-    """Every one of ``attempts`` calls of ``name`` lost its instance (``process`` died)."""
-    return FunctionCrashedError(
-        f"{name}: the instance crashed during {attempts} attempts ({process} died)",
-        "check the handler for hard crashes (segfault, os._exit, out of memory)")
-
-
-def reply_handler_error(name: str, reply: Mapping[str, Any]) -> HandlerError:
-    """The :class:`HandlerError` of a failed reply (``phase``, ``type``, ``message``, ``hint``)."""
-    return HandlerError(
-        f"{name}: {reply['phase']} failed: {reply['type']}: {reply['message']}",
-        reply.get("hint") or "see the handler's error above",
-        remote_type=reply["type"], phase=reply["phase"])
-
-
-def reply_record(spec: FunctionSpec, reply: Mapping[str, Any], *, request_id: str | None,
-                 bytes_in: int, bytes_out: int) -> InvocationRecord:
-    """The record of a successful call from its reply (``start``, ``end``, ``init_s``,
-    ``cold``, ``puts``, ``gets``); ``end`` is clamped to be no earlier than ``start``."""
-    return InvocationRecord(
-        function=spec.name, kind=spec.kind, memory_mb=spec.memory_mb,
-        start_s=reply["start"], end_s=max(reply["end"], reply["start"]),
-        layer=spec.layer, expert=spec.expert, request_id=request_id, vcpus=spec.vcpus,
-        gpu_share=spec.gpu_share, init_s=reply["init_s"], cold=reply["cold"], bytes_in=bytes_in,
-        bytes_out=bytes_out, storage_puts=reply["puts"], storage_gets=reply["gets"])
-
-
-def failed_record(spec: FunctionSpec, start_s: float, end_s: float, request_id: str | None,
-                  bytes_in: int) -> InvocationRecord:
-    """The billed record of an attempt that crashed or timed out (``failed=True``)."""
-    return InvocationRecord(
-        function=spec.name, kind=spec.kind, memory_mb=spec.memory_mb, start_s=start_s,
-        end_s=max(end_s, start_s), layer=spec.layer, expert=spec.expert,
-        request_id=request_id, vcpus=spec.vcpus, gpu_share=spec.gpu_share, bytes_in=bytes_in,
-        failed=True)
 
 
 class FunctionBackend(ABC):

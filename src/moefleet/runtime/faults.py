@@ -50,12 +50,13 @@ from typing import Any
 
 from moefleet.errors import MoefleetError
 from moefleet.platform import InvocationRecord, ObjectStore, StorageError
-from moefleet.runtime.base import FunctionBackend, FunctionSpec, InvokeResult, failed_record
+from moefleet.runtime.base import FunctionBackend, FunctionSpec, InvokeResult
 from moefleet.runtime.errors import (
     FunctionCrashedError,
     InvocationTimeoutError,
     ThrottledError,
 )
+from moefleet.runtime.replies import failed_record
 from moefleet.runtime.retry import POLICIES, RetryPolicy, retry_call
 
 BACKEND_FAULTS = ("crash", "timeout", "throttle", "straggler")

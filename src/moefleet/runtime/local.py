@@ -13,27 +13,20 @@ What is **emulated** (one machine standing in for a FaaS fleet):
   instances (their weights stay in its memory), so a warm instance whose worker is busy
   with another function waits, where a real platform would run it on its own vCPUs;
 - memory_mb → vCPUs by the platform's rule → ``torch`` threads = round(vCPUs), at least
-  1 and at most the machine's cores: 6 vCPUs on a 2-core machine get 2; a share below one
-  vCPU runs on one thread and is then stretched to cpu_s / vCPUs, and memory_mb is enforced
-  by charging each instance runtime footprint + its RSS growth + each call's peak
-  (:mod:`moefleet.runtime.local_limits`; ``limits=False`` turns both off); a function
-  with a GPU share (emulated: it runs on the CPU, no speed-up) is also charged what CUDA
-  adds to a process's host memory (``GPU_EMULATED_HOST_MB``, measured on an H100);
+  1 and at most the machine's cores; a share below one vCPU runs on one thread and is
+  stretched to cpu_s / vCPUs; memory_mb is enforced by charging each instance runtime
+  footprint + its RSS growth + each call's peak (:mod:`moefleet.runtime.local_limits`;
+  ``limits=False`` turns both off), plus, for a GPU share (run on the CPU, no speed-up),
+  what CUDA adds to a process's host memory (``GPU_EMULATED_HOST_MB``, measured);
 - process start and ``import torch`` are paid once per worker (forkserver preload), not
   per instance: ``init_s`` is instance construction + weight download + load only;
 - main functions (kind ``main``, calling others through ``ctx.functions``) run on their
   own ``main_workers`` workers: a main waiting on its experts never holds their slots;
 - the store is whatever ``store`` names (a local directory by default: far faster than S3;
-  pass ``store_latency=(latency_s, bytes_per_s)`` to emulate the platform's storage);
+  ``store_latency=(latency_s, bytes_per_s)`` emulates the platform's storage);
 - ``wire="base64"`` gives packets the aws backend's inline budget (base64 inside a JSON
-  event, ``platform.inline``) instead of the raw payload limit, so tensors spill to the
-  store exactly where they would on Lambda (and where the cost model counts them).
-
-Memory (measured, benchmarks/runtime_overhead.py and the README's command): an idle
-worker is ~100 MB PSS (~285 MB RSS, most of it torch/transformers pages shared with the
-forkserver); one process per function would be ~330 MB RSS each (spawn + torch +
-transformers), i.e. ~17 GB for minilm-moe-e8's 54 functions, where 2 workers hosting all
-54 instances measured 336 MB PSS in total. Default pool size: the cores (fewer if short).
+  event) instead of the raw payload limit, so tensors spill to the store where they would
+  on Lambda. Memory per worker and per function: README, "Running a deployment for real".
 """
 
 from __future__ import annotations
@@ -42,7 +35,7 @@ import itertools
 import os
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from moefleet.plan.remoe.shapes import GPU_EMULATED_HOST_MB
@@ -53,12 +46,7 @@ from moefleet.runtime.base import (
     FunctionSpec,
     InvokeResult,
     check_payload,
-    crashed_error,
-    failed_record,
     payload_limit,
-    reply_handler_error,
-    reply_record,
-    timeout_error,
     validate_spec,
 )
 from moefleet.runtime.errors import (
@@ -68,33 +56,29 @@ from moefleet.runtime.errors import (
     UnknownFunctionError,
 )
 from moefleet.runtime.local_limits import EMULATED_NOTE, limits_default
-from moefleet.runtime.local_pool import Call, Worker, WorkerPool, default_workers, process_memory_mb
+from moefleet.runtime.local_pool import (
+    Call,
+    DeployedFunction,
+    HostedInstance,
+    LostWorker,
+    Worker,
+    WorkerPool,
+    default_workers,
+    process_memory_mb,
+    store_config,
+)
 from moefleet.runtime.local_worker import send_msg
 from moefleet.runtime.nested import serve_in_thread
+from moefleet.runtime.replies import (
+    crashed_error,
+    failed_record,
+    reply_handler_error,
+    reply_record,
+    timeout_error,
+)
 from moefleet.runtime.retry import call_with_retries
 
 _TICK_S = 0.05  # housekeeping period (deadlines, keep-alive)
-
-
-class _Lost(Exception):
-    """The worker died under an in-flight call (retryable)."""
-
-
-@dataclass(eq=False)
-class _Instance:
-    id: str
-    function: str
-    slot: int
-    pool: str = "fn"  # "fn" (every kind but main) or "main"
-    in_flight: int = 0
-    loaded: bool = False
-    last_used: float = field(default_factory=time.monotonic)
-
-
-@dataclass(eq=False)
-class _Function:
-    spec: FunctionSpec
-    instances: list[_Instance] = field(default_factory=list)
 
 
 class LocalBackend(FunctionBackend):
@@ -142,17 +126,10 @@ class LocalBackend(FunctionBackend):
         if max_threads is not None and max_threads < 1:
             raise ValueError(f"max_threads must be >= 1, got {max_threads}")
         self.cores = min(os.cpu_count() or 1, max_threads or os.cpu_count() or 1)
-        store_cfg: dict[str, Any] | None = None
-        if store is not None:
-            store_cfg = {"url": str(store if isinstance(store, str) else store.url)}
-            if store_latency is not None:
-                store_cfg.update(latency_s=store_latency[0],
-                                 bandwidth_bytes_per_s=store_latency[1])
-            if store_wrap is not None:
-                store_cfg.update(wrap=store_wrap[0], wrap_options=store_wrap[1])
+        store_cfg = store_config(store, store_latency, store_wrap)
         self._cond = threading.Condition()
         self._closed = False
-        self._functions: dict[str, _Function] = {}
+        self._functions: dict[str, DeployedFunction] = {}
         self._records: list[InvocationRecord] = []
         self._ids = itertools.count(1)
         self.limits = limits_default() if limits is None else limits
@@ -187,10 +164,6 @@ class LocalBackend(FunctionBackend):
         return WorkerPool(size, on_lost=forget, name="main" if key == "main" else "worker",
                           **self._pool_options)
 
-    @property
-    def _pool(self) -> WorkerPool:
-        return self._pools["fn"]
-
     def _pool_of(self, spec: FunctionSpec) -> str:
         return "main" if spec.kind == "main" else "fn"
 
@@ -216,11 +189,11 @@ class LocalBackend(FunctionBackend):
             for pool in pools:
                 pool.flush_unloads()
 
-    def _worker(self, inst: _Instance) -> Worker | None:
+    def _worker(self, inst: HostedInstance) -> Worker | None:
         w = self._pools[inst.pool].workers[inst.slot]
         return w if w is not None and w.alive else None
 
-    def _retire(self, fn: _Function, inst: _Instance) -> None:
+    def _retire(self, fn: DeployedFunction, inst: HostedInstance) -> None:
         fn.instances.remove(inst)
         w = self._worker(inst)
         if w is not None:
@@ -238,7 +211,7 @@ class LocalBackend(FunctionBackend):
             if old is not None:  # a new version: old instances finish, then are unloaded
                 for inst in list(old.instances):
                     self._retire(old, inst)
-            self._functions[spec.name] = _Function(spec)
+            self._functions[spec.name] = DeployedFunction(spec)
             self._cond.notify_all()
         return spec
 
@@ -296,7 +269,7 @@ class LocalBackend(FunctionBackend):
         self._check_open()
         check_payload(name, len(payload), self._limit, "request")
         return call_with_retries(
-            lambda: self._attempt(name, payload, request_id), _Lost,
+            lambda: self._attempt(name, payload, request_id), LostWorker,
             max_retries=self.max_retries, backoff_s=self.retry_backoff_s,
             on_retry=self._count_retry,
             exhausted=lambda _: crashed_error(name, self.max_retries + 1, "worker process"))
@@ -305,14 +278,14 @@ class LocalBackend(FunctionBackend):
         with self._cond:
             self._counters["retries"] += 1
 
-    def _function(self, name: str) -> _Function:
+    def _function(self, name: str) -> DeployedFunction:
         if name not in self._functions:
             raise UnknownFunctionError(
                 f"no function named {name!r} is deployed on the local backend",
                 f"deployed: {', '.join(sorted(self._functions)) or 'none'}")
         return self._functions[name]
 
-    def _admit(self, name: str) -> tuple[_Function, _Instance, bool]:
+    def _admit(self, name: str) -> tuple[DeployedFunction, HostedInstance, bool]:
         """Pick a warm instance, or cold-start one on an idle worker; wait otherwise."""
         spec = self._function(name).spec
         limit = self.admission_timeout_s or spec.timeout_s + 60.0
@@ -331,7 +304,7 @@ class LocalBackend(FunctionBackend):
                 idle = [w for w in self._pools[key].live() if not w.outstanding]
                 if idle:
                     w = min(idle, key=lambda w: (len(w.hosted), w.slot))
-                    inst = _Instance(f"{name}#{next(self._ids)}", name, w.slot, key)
+                    inst = HostedInstance(f"{name}#{next(self._ids)}", name, w.slot, key)
                     fn.instances.append(inst)
                     w.hosted.add(inst.id)
                     return fn, inst, True
@@ -391,7 +364,7 @@ class LocalBackend(FunctionBackend):
                 # The crashed attempt ran (and is billed) until the worker died.
                 self._records.append(failed_record(spec, sent_at, time.time(), request_id,
                                                    len(payload)))
-                raise _Lost()
+                raise LostWorker()
             reply = call.reply
             if not reply["ok"]:
                 oom = reply.get("type") == "OutOfMemoryError"

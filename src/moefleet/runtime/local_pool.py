@@ -24,10 +24,13 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moefleet.runtime.errors import BackendClosedError
 from moefleet.runtime.local_worker import recv_msg, send_msg, worker_main
+
+if TYPE_CHECKING:
+    from moefleet.runtime.base import FunctionSpec
 
 WORKER_BUDGET_MB = 512  # per-worker memory planned for when sizing the pool (PSS + weights)
 # Imported once by the forkserver, shared by every worker (copy-on-write), so a cold start
@@ -264,3 +267,44 @@ class WorkerPool:
                 os.kill(proc.pid, signal.SIGKILL)  # only our own workers, by pid
                 proc.join(timeout=2)
         self._finalizer.detach()
+
+
+def store_config(store: Any, latency: tuple[float, float] | None,
+                 wrap: tuple[str, dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The workers' store settings: ``store`` (a path, URL or ObjectStore with a ``url``),
+    with an emulated ``latency`` (seconds, bytes/s) and a ``wrap`` ("module:factory",
+    options; fault injection); None: the workers have no store."""
+    if store is None:
+        return None
+    cfg: dict[str, Any] = {"url": str(store if isinstance(store, str) else store.url)}
+    if latency is not None:
+        cfg.update(latency_s=latency[0], bandwidth_bytes_per_s=latency[1])
+    if wrap is not None:
+        cfg.update(wrap=wrap[0], wrap_options=wrap[1])
+    return cfg
+
+
+# -- the backend's bookkeeping of functions and their instances ----------------------
+class LostWorker(Exception):
+    """The worker died under an in-flight call (retryable)."""
+
+
+@dataclass(eq=False)
+class HostedInstance:
+    """One instance of a function, hosted by worker ``slot`` of pool ``pool``."""
+
+    id: str
+    function: str
+    slot: int
+    pool: str = "fn"  # "fn" (every kind but main) or "main"
+    in_flight: int = 0
+    loaded: bool = False
+    last_used: float = field(default_factory=time.monotonic)
+
+
+@dataclass(eq=False)
+class DeployedFunction:
+    """A deployed function and its instances (the backend's bookkeeping)."""
+
+    spec: FunctionSpec
+    instances: list[HostedInstance] = field(default_factory=list)

@@ -50,10 +50,7 @@ from moefleet.runtime.base import (
     FunctionSpec,
     InvokeResult,
     check_payload,
-    crashed_error,
-    failed_record,
     payload_limit,
-    timeout_error,
     validate_spec,
 )
 from moefleet.runtime.errors import (
@@ -63,6 +60,7 @@ from moefleet.runtime.errors import (
 )
 from moefleet.runtime.ray_call import CallOptions, Lost, TimedOut, attempt
 from moefleet.runtime.ray_replica import FunctionReplica
+from moefleet.runtime.replies import crashed_error, failed_record, timeout_error
 from moefleet.runtime.retry import call_with_retries
 
 CPU_OVERSUBSCRIPTION = 16  # logical CPUs per core of a local node (see module docstring)

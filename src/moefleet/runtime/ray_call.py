@@ -25,12 +25,9 @@ from moefleet.runtime.base import (
     FunctionSpec,
     InvokeResult,
     check_payload,
-    crashed_error,
-    reply_handler_error,
-    reply_record,
-    timeout_error,
 )
 from moefleet.runtime.errors import FunctionError, UnknownFunctionError
+from moefleet.runtime.replies import crashed_error, reply_handler_error, reply_record, timeout_error
 from moefleet.runtime.retry import call_with_retries
 
 SERVE_NAMESPACE = "serve"  # where Serve creates replica actors (named SERVE_REPLICA::...)

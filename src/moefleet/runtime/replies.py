@@ -1,0 +1,56 @@
+"""What every backend builds from a call's outcome: the errors of a timed-out, crashed or
+failed call, and the invocation record of a reply (local workers' and Ray replicas'
+reply header) or of an attempt that never replied (billed, ``failed=True``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from moefleet.platform import InvocationRecord
+from moefleet.runtime.base import FunctionSpec
+from moefleet.runtime.errors import FunctionCrashedError, HandlerError, InvocationTimeoutError
+
+
+def timeout_error(name: str, timeout_s: float) -> InvocationTimeoutError:
+    """A call of ``name`` ran past ``timeout_s`` and its instance was stopped."""
+    return InvocationTimeoutError(
+        f"{name}: invocation ran past timeout_s={timeout_s:g} s; its instance was stopped",
+        "raise timeout_s or send less work per call")
+
+
+def crashed_error(name: str, attempts: int, process: str) -> FunctionCrashedError:
+    """Every one of ``attempts`` calls of ``name`` lost its instance (``process`` died)."""
+    return FunctionCrashedError(
+        f"{name}: the instance crashed during {attempts} attempts ({process} died)",
+        "check the handler for hard crashes (segfault, os._exit, out of memory)")
+
+
+def reply_handler_error(name: str, reply: Mapping[str, Any]) -> HandlerError:
+    """The :class:`HandlerError` of a failed reply (``phase``, ``type``, ``message``, ``hint``)."""
+    return HandlerError(
+        f"{name}: {reply['phase']} failed: {reply['type']}: {reply['message']}",
+        reply.get("hint") or "see the handler's error above",
+        remote_type=reply["type"], phase=reply["phase"])
+
+
+def reply_record(spec: FunctionSpec, reply: Mapping[str, Any], *, request_id: str | None,
+                 bytes_in: int, bytes_out: int) -> InvocationRecord:
+    """The record of a successful call from its reply (``start``, ``end``, ``init_s``,
+    ``cold``, ``puts``, ``gets``); ``end`` is clamped to be no earlier than ``start``."""
+    return InvocationRecord(
+        function=spec.name, kind=spec.kind, memory_mb=spec.memory_mb,
+        start_s=reply["start"], end_s=max(reply["end"], reply["start"]),
+        layer=spec.layer, expert=spec.expert, request_id=request_id, vcpus=spec.vcpus,
+        gpu_share=spec.gpu_share, init_s=reply["init_s"], cold=reply["cold"], bytes_in=bytes_in,
+        bytes_out=bytes_out, storage_puts=reply["puts"], storage_gets=reply["gets"])
+
+
+def failed_record(spec: FunctionSpec, start_s: float, end_s: float, request_id: str | None,
+                  bytes_in: int) -> InvocationRecord:
+    """The billed record of an attempt that crashed or timed out (``failed=True``)."""
+    return InvocationRecord(
+        function=spec.name, kind=spec.kind, memory_mb=spec.memory_mb, start_s=start_s,
+        end_s=max(end_s, start_s), layer=spec.layer, expert=spec.expert,
+        request_id=request_id, vcpus=spec.vcpus, gpu_share=spec.gpu_share, bytes_in=bytes_in,
+        failed=True)
