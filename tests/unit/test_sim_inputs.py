@@ -119,3 +119,29 @@ def test_overhead_per_kind() -> None:
     assert r.latency["mean"] == pytest.approx(0.435 + 0.01, abs=1e-12)
     with pytest.raises(SimError, match="expert"):
         SimConfig(call_overhead_s={"expert": -1.0})
+
+
+def test_calibration_scales_compute_that_the_profile_overestimates() -> None:
+    """A profile measured under heavier load than the run predicts slower calls than the
+    backend made: no (non-negative) overhead closes that gap, so calibration scales the
+    kind's compute by measured / predicted, and the calibrated simulator reproduces it."""
+    fast = SimConfig(keep_records=True, compute_scale=0.5, prewarm=True)  # warm: no INIT
+    truth = Simulator(plan(), profile(), spec(), top_k=1, decoder=False, config=fast)
+    res = truth.run(arrivals(0.0, 50.0), 100.0)
+    assert truth.meter is not None
+    bare = Simulator(plan(), profile(), spec(), top_k=1, decoder=False,
+                     config=SimConfig(prewarm=True)).run(arrivals(0.0, 50.0), 100.0)
+    got = calibrate(MeasuredRun([res.latency["max"], res.latency["min"]],
+                                truth.meter.records), bare, serial=False)
+    assert got.call_overhead_s == {"expert": 0.0, "segment": 0.0}
+    # measured / predicted handler time: 0.5 on the compute part, 1 on the fixed part
+    # (payload and load times the profile does not scale), so between the two
+    assert all(0.5 < v < 0.75 for v in got.compute_scale.values())  # type: ignore[union-attr]
+    s2, c2 = apply_calibration(spec(), SimConfig(prewarm=True), got)
+    again = Simulator(plan(), profile(), s2, top_k=1, decoder=False, config=c2).run(
+        arrivals(0.0, 50.0), 100.0)
+    off_bare = bare.latency["mean"] - res.latency["mean"]
+    off_cal = again.latency["mean"] - res.latency["mean"]
+    assert off_bare > 0 and abs(off_cal) < 0.25 * off_bare
+    with pytest.raises(SimError, match="compute_scale"):
+        SimConfig(compute_scale={"expert": 0.0})

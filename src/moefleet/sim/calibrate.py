@@ -32,6 +32,7 @@ class Calibration:
     warm_start_s: float | None = None
     cold_start_s: float | None = None
     call_overhead_s: float | Mapping[str, float] = 0.0
+    compute_scale: float | Mapping[str, float] = 1.0
     function_bandwidth_bytes_per_s: float | None = None
     storage_access_s: float | None = None
     storage_bandwidth_bytes_per_s: float | None = None
@@ -71,7 +72,7 @@ def apply_calibration(spec: PlatformSpec, config: SimConfig,
         config,
         warm_start_s=cal.warm_start_s if cal.warm_start_s is not None else config.warm_start_s,
         cold_start_s=cal.cold_start_s if cal.cold_start_s is not None else config.cold_start_s,
-        call_overhead_s=cal.call_overhead_s)
+        call_overhead_s=cal.call_overhead_s, compute_scale=cal.compute_scale)
     return new_spec, new_cfg
 
 
@@ -91,7 +92,10 @@ def calibrate(measured: MeasuredRun, predicted: SimResult, *, serial: bool) -> C
     (``call_overhead_s=0``; start delays do not matter here): the gap between measured
     and predicted handler seconds per invocation, for each kind of function, is
     ``call_overhead_s[kind]``; the mean
-    measured INIT of cold calls is ``cold_start_s``. When the backend ran every call of
+    measured INIT of cold calls is ``cold_start_s``. Where a kind's measured handler time
+    is *below* the prediction (the profile was measured under heavier load than the run),
+    no overhead can close the gap: that kind's compute is scaled by measured / predicted
+    instead (``compute_scale``) and its overhead is 0. When the backend ran every call of
     a request one after another (``serial``: one worker), what the latencies hold
     beyond handler and INIT time, per invocation, is ``warm_start_s`` (the invoke round
     trip, payload transfer and the caller's own work); otherwise it stays unset.
@@ -104,12 +108,15 @@ def calibrate(measured: MeasuredRun, predicted: SimResult, *, serial: bool) -> C
     init = sum(r.init_s for r in recs)
     cold = [r.init_s for r in recs if r.cold]
     overhead: dict[str, float] = {}
+    scale: dict[str, float] = {}
     for kind in sorted({r.kind for r in recs}):
         mine = [r.duration_s for r in recs if r.kind == kind]
-        gap = sum(mine) - predicted.handler_s_by_kind.get(kind, 0.0)
+        want = predicted.handler_s_by_kind.get(kind, 0.0)
+        gap = sum(mine) - want
         overhead[kind] = max(0.0, gap / len(mine))
+        scale[kind] = sum(mine) / want if gap < 0 and sum(mine) > 0 else 1.0
     warm = None
     if serial:
         warm = max(0.0, (sum(measured.latencies_s) - handler - init) / len(recs))
     return Calibration(warm_start_s=warm, cold_start_s=statistics.fmean(cold) if cold else None,
-                       call_overhead_s=overhead)
+                       call_overhead_s=overhead, compute_scale=scale)

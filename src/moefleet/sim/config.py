@@ -61,6 +61,9 @@ class SimConfig:
     call_overhead_s  fixed extra handler time per call, or per kind of function
                   (``{"segment": s, "expert": s}``): calibration of serialisation and
                   framework overhead the compute profile does not include.
+    compute_scale  factor on the profile's compute time, one or per kind (calibration:
+                  < 1 where the profile, measured under other load, is slower than the
+                  backend's calls); 1 by default.
     caller_overhead_s  per-call time at the caller after the handler (unpacking the
                   reply, thread hand-off): delays whoever waits for the call, holds no
                   instance and no node slot (unlike ``warm_start_s``, which is paid inside
@@ -97,6 +100,7 @@ class SimConfig:
     cold_start_s: float | None = None
     warm_start_s: float | None = None
     call_overhead_s: float | Mapping[str, float] = 0.0
+    compute_scale: float | Mapping[str, float] = 1.0
     caller_overhead_s: float = 0.0
     result_bytes_per_token: int | None = None
     node_slots: int | None = None
@@ -109,7 +113,17 @@ class SimConfig:
         ov = self.call_overhead_s
         return float(ov.get(kind, 0.0)) if isinstance(ov, Mapping) else float(ov)
 
+    def scale_of(self, kind: str) -> float:
+        """The calibrated factor on a ``kind`` function's profiled compute time."""
+        sc = self.compute_scale
+        return float(sc.get(kind, 1.0)) if isinstance(sc, Mapping) else float(sc)
+
     def __post_init__(self) -> None:
+        sc = self.compute_scale
+        for kind, value in (sc.items() if isinstance(sc, Mapping) else [("", sc)]):
+            if not (math.isfinite(value) and value > 0):
+                raise SimError(f"compute_scale{'[' + kind + ']' if kind else ''} must be "
+                               f"> 0, got {value!r}")
         if self.scaling not in ("on-demand", "replicas"):
             raise SimError(f"scaling must be 'on-demand' or 'replicas', got {self.scaling!r}")
         if self.decode not in ("batched", "per-request"):

@@ -69,6 +69,7 @@ class FunctionPool:
         # Cold start = runtime start + (unless reloaded per call) the parameter download.
         self.init_s = cold + (0.0 if self.reload else self.param_load_s)
         self.call_overhead_s = sim.overhead_s(kind)
+        self.compute_scale = sim.scale_of(kind)
         self.gpu = sim.gpu
         self.bytes_per_token = links.bytes_per_token
         self.pipelined = kind == "expert" and method == "pipelined"
@@ -154,7 +155,8 @@ class FunctionPool:
             return (law.overhead_s * speed + self.call_overhead_s
                     + gpu_call_s(self.gpu, gpu_share, tokens, self.profile.param_bytes,
                                  self.bytes_per_token))
-        return (law.overhead_s + law.per_token_s * tokens) * speed + self.call_overhead_s
+        return ((law.overhead_s + law.per_token_s * tokens) * speed * self.compute_scale
+                + self.call_overhead_s)
 
     def handler_s(self, call: Call, vcpus: float, gpu_share: float = 0.0) -> float:
         extra = self.param_load_s if self.reload else 0.0
