@@ -28,8 +28,14 @@ from typing import Any
 import torch
 
 from moefleet.autoscale.smoe.evaluate import BASELINES
-from moefleet.autoscale.smoe.figs import COST_BAR, SLO_SLACK, compare, training_record
-from moefleet.io import write_json_atomic
+from moefleet.autoscale.smoe.figs import (
+    COST_BAR,
+    SLO_SLACK,
+    compare,
+    finish_run,
+    summary_line,
+    training_record,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "smoe_fig7.json"
@@ -160,13 +166,8 @@ def main() -> None:
         res["eval_wall_s"], res["eval_cpu_s"] = (time.perf_counter() - tm,
                                                  time.process_time() - cm)
         out["models"][name] = res
-        print(f"{name}: cost/best ({res['best_baseline']}) = "
-              f"{res['cost_ratio_vs_best_baseline']:.3f}, P95/SLO = {res['p95_over_slo']:.3f}",
-              flush=True)
-    out["load_avg_end"] = os.getloadavg()
-    out["wall_s"], out["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
-    write_json_atomic(args.out, out)
-    plot(out, args.out.with_suffix(".png"))
+        print(summary_line(name, res), flush=True)
+    finish_run(out, args.out, (t0, c0), plot)
 
 
 if __name__ == "__main__":

@@ -123,3 +123,25 @@ def training_record(checkpoint: str | Path) -> dict[str, Any]:
             "updates": agent.updates, "kept": agent.best,
             "imitation_floor": agent.cfg.bc_floor,
             "warm_start": {k: v for k, v in agent.warm.items() if k != "search"}}
+
+
+def summary_line(prefix: str, res: dict[str, Any]) -> str:
+    """One progress line for a compared cell: its cost ratio and P95 over the SLO."""
+    return (f"{prefix}: cost/best ({res['best_baseline']}) = "
+            f"{res['cost_ratio_vs_best_baseline']:.3f}, P95/SLO = {res['p95_over_slo']:.3f}")
+
+
+def finish_run(out: dict[str, Any], path: Path, started: tuple[float, float],
+               plot: Callable[[dict[str, Any], Path], None]) -> None:
+    """Stamp a figure run's load, wall and CPU seconds (``started`` = perf_counter,
+    process_time at its start), write its JSON atomically and its plot beside it."""
+    import os
+    import time
+
+    from moefleet.io import write_json_atomic
+
+    out["load_avg_end"] = os.getloadavg()
+    out["wall_s"] = time.perf_counter() - started[0]
+    out["cpu_s"] = time.process_time() - started[1]
+    write_json_atomic(path, out)
+    plot(out, path.with_suffix(".png"))
