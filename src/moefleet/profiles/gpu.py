@@ -1,4 +1,5 @@
-"""The one GPU time model of moefleet: a datasheet roofline (nothing is measured on a GPU).
+"""The one GPU time model of moefleet: a datasheet roofline (nothing is measured on a GPU),
+and the host memory a function's runtimes take (measured, on a CPU and on an H100).
 
 Remoe's planner (:mod:`moefleet.plan.remoe.shapes`) prices its GPU main function with
 it, and the simulator times expert and segment calls on a GPU slice with it
@@ -21,6 +22,24 @@ import math
 from dataclasses import dataclass
 
 from moefleet.errors import MoefleetError
+
+# Host memory a function needs before any weight (MB), measured with
+# ``moefleet.runtime.local_limits.rss_bytes`` (README, "Measured on a real GPU (H100)"):
+# RUNTIME_MB: a ready local worker (Python + torch + moefleet), 233 MB here (torch 2.13,
+# CPU build), rounded up. GPU_RUNTIME_MB: what a GPU main adds on an H100 machine (torch
+# 2.11 + CUDA 13): the CUDA build of torch (505 MB ready worker), its context and cuBLAS
+# (+263 MB) and the kernels a step loads. The GPU-only plan's main of tiny-moe-lm-e32 (no
+# host-resident weights) peaked at 1,357 MB RSS there: 1,101 MB over RUNTIME_MB, rounded
+# up to 1,280 MB for the kernels other batch shapes load. Sized without it, that main
+# (1,024 MB) did not start: 1,240 MB used during init.
+# GPU_EMULATED_HOST_MB: what a main with an emulated GPU is charged on a CPU-only machine
+# (the local backend's limits), i.e. what CUDA adds to the *same* main: the GPU-only
+# plan's main peaked at 1,357 MB on the H100 and at 447 MB on this CPU (its non-experts
+# in host memory), 910 MB apart, rounded up. Planner and charge then agree: that main is
+# sized 1,600 MB and is charged 447 + 1,024 MB here.
+RUNTIME_MB = 256.0
+GPU_RUNTIME_MB = 1280.0
+GPU_EMULATED_HOST_MB = 1024.0
 
 A10_FLOPS_S = 125e12 * 0.3  # A10 bf16 tensor peak x 30% (ASSUMPTION)
 A10_BYTES_S = 600e9 * 0.7  # A10 600 GB/s x 70% (ASSUMPTION)

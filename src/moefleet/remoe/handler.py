@@ -26,7 +26,7 @@ import torch
 from moefleet.engine.engine import Engine, merge_into
 from moefleet.engine.request import RequestOutput, SamplingParams
 from moefleet.engine.runner import LocalRunner
-from moefleet.plan.remoe.shapes import GPU_EMULATED_HOST_MB
+from moefleet.profiles.gpu import GPU_EMULATED_HOST_MB
 from moefleet.remoe.main_model import GPU_EMULATED, MainModel
 from moefleet.remoe.messages import Generate, Result
 from moefleet.runtime.errors import FunctionError

@@ -111,8 +111,10 @@ class Instance:
     ``call`` may run concurrently when the backend allows concurrency > 1."""
 
     def __init__(self, function: str, memory_mb: int, threads: int, ref: HandlerRef,
-                 store: StoreView, max_inline_bytes: int) -> None:
+                 store: StoreView, max_inline_bytes: int, emulated_host_mb: float = 0.0
+                 ) -> None:
         self.function, self.memory_mb, self.threads = function, memory_mb, max(1, threads)
+        self.emulated_host_mb = emulated_host_mb  # declared by the backend (GPU share)
         self.ref, self._store, self.max_inline_bytes = ref, store, max_inline_bytes
         self.handler: Handler | None = None
         self.last_end = 0.0
@@ -143,11 +145,14 @@ class Instance:
 
     @property
     def emulated_bytes(self) -> int:
-        """Host memory the platform's instance would hold and this one does not: a
-        handler whose device is emulated declares its runtime (``emulated_host_bytes``,
-        e.g. a GPU main's CUDA runtime on a CPU-only machine), so the memory limit is
-        charged as on the platform and a function that would not start there fails here."""
-        return int(getattr(self.handler, "emulated_host_bytes", 0) or 0)
+        """Host memory the platform's instance would hold and this one does not: an
+        emulated device's runtime (CUDA on a CPU-only machine), declared by the backend
+        (a function's GPU share, ``emulated_host_mb``) or by a handler that chose its
+        device itself (``emulated_host_bytes``, Remoe's main). One device per instance, so
+        the larger declaration counts. The memory limit charges it, so a function that
+        would not start on the platform fails here too."""
+        declared = int(getattr(self.handler, "emulated_host_bytes", 0) or 0)
+        return max(declared, int(self.emulated_host_mb * 2**20))
 
     def call(self, body: bytes, request_id: str | None,
              functions: Invoker | None = None) -> CallResult:

@@ -38,9 +38,9 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from moefleet.plan.remoe.shapes import GPU_EMULATED_HOST_MB
 from moefleet.platform import InvocationRecord, ObjectStore, PlatformSpec, load_platform
 from moefleet.platform.inline import base64_inline_bytes
+from moefleet.profiles.gpu import GPU_EMULATED_HOST_MB
 from moefleet.runtime.base import (
     FunctionBackend,
     FunctionSpec,

@@ -117,14 +117,13 @@ class _Worker:
                 meter = Meter() if self.limits else None
                 host = Instance(load["function"], int(load["memory_mb"]),
                                 int(header["threads"]), HandlerRef(**load["handler"]),
-                                self.caller_store, self.max_inline)
+                                self.caller_store, self.max_inline,
+                                float(load.get("emulated_host_mb", 0.0)))
                 cold = host.start()
                 inst = _Instance(host, load["function"], int(header["threads"]),
                                  int(load["memory_mb"]), float(header.get("vcpus") or 1.0))
                 if meter is not None:
-                    # + a GPU share's CUDA runtime (emulated device, see local.py)
-                    inst.charged = (meter.growth() + host.emulated_bytes
-                                    + int(float(load.get("emulated_host_mb", 0)) * 2**20))
+                    inst.charged = meter.growth() + host.emulated_bytes
                     self._check_memory(inst, inst.charged, "init")
                 self.instances[iid] = inst
                 reply.update(cold=True, init_s=cold.init_s, puts=cold.puts, gets=cold.gets)

@@ -13,7 +13,7 @@ goes whole to one replica): a configuration is valid for a function iff
 ``alpha * memory >= runtime + parameters + 2 * bytes_per_token * peak_tokens * concurrency``
 (an instance holds ``concurrency`` calls at once, each with its input and output
 tokens). With a GPU share s > 0 the host also holds the CUDA runtime (``gpu_host_mb``:
-1,280 MB measured on an H100 machine, ``plan.remoe.shapes.GPU_RUNTIME_MB``), and the
+1,280 MB measured on an H100 machine, ``profiles.gpu.GPU_RUNTIME_MB``), and the
 weights and activations plus a CUDA context must fit ``alpha * s * gpu_memory_mb`` on the
 slice (the host still stages the weights). ``runtime_mb`` (Python + torch resident set)
 and ``gpu_context_mb`` are ASSUMPTIONS. At least one configuration is
@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from moefleet.autoscale.base import AutoscaleError, FunctionConfig
-from moefleet.plan.remoe.shapes import GPU_RUNTIME_MB
+from moefleet.profiles.gpu import GPU_RUNTIME_MB
 
 MB = 1024 * 1024
 

@@ -22,25 +22,14 @@ import numpy as np
 
 from moefleet.errors import UnknownNameError
 from moefleet.plan.remoe.problem import RemoeError, RemoeProblem, fit_time_law
-from moefleet.profiles.gpu import A10_BYTES_S, A10_FLOPS_S, PCIE4_BYTES_S, GpuRoofline
-
-# Host memory a function needs before any weight (MB), measured with
-# ``moefleet.runtime.local_limits.rss_bytes`` (see README "Remoe on a real GPU"):
-# RUNTIME_MB: a ready local worker (Python + torch + moefleet), 233 MB here (torch 2.13,
-# CPU build), rounded up. GPU_RUNTIME_MB: what a GPU main adds on an H100 machine (torch
-# 2.11 + CUDA 13): the CUDA build of torch (505 MB ready worker), its context and cuBLAS
-# (+263 MB) and the kernels a step loads. The GPU-only plan's main of tiny-moe-lm-e32 (no
-# host-resident weights) peaked at 1,357 MB RSS there: 1,101 MB over RUNTIME_MB, rounded
-# up to 1,280 MB for the kernels other batch shapes load. Sized without it, that main
-# (1,024 MB) did not start: 1,240 MB used during init.
-# GPU_EMULATED_HOST_MB: what a main with an emulated GPU is charged on a CPU-only machine
-# (the local backend's limits), i.e. what CUDA adds to the *same* main: the GPU-only
-# plan's main peaked at 1,357 MB on the H100 and at 447 MB on this CPU (its non-experts
-# in host memory), 910 MB apart, rounded up. Planner and charge then agree: that main is
-# sized 1,600 MB and is charged 447 + 1,024 MB here.
-RUNTIME_MB = 256.0
-GPU_RUNTIME_MB = 1280.0
-GPU_EMULATED_HOST_MB = 1024.0
+from moefleet.profiles.gpu import (
+    A10_BYTES_S,
+    A10_FLOPS_S,
+    GPU_RUNTIME_MB,
+    PCIE4_BYTES_S,
+    RUNTIME_MB,
+    GpuRoofline,
+)
 
 
 @dataclass(frozen=True)
