@@ -215,6 +215,11 @@ class Controller(ABC):
     def initial_state(self) -> PolicyState:
         return None
 
+    def deployed_configs(self) -> Decisions:
+        """Configs this controller's plan is *deployed* with, before the run starts (a
+        planner's fixed plan); empty for controllers that act only through decisions."""
+        return {}
+
     @abstractmethod
     def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
                                                                              PolicyState]:

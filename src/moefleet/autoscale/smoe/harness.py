@@ -221,16 +221,12 @@ def segment_start(sc: Scenario) -> Decisions:
 
 
 def deployed_at_start(sc: Scenario, controller: AutoscalePolicy | None) -> Decisions:
-    """A fixed plan (a :class:`~moefleet.autoscale.smoe.popularity.PlanPolicy`) is
-    *deployed*, not reconfigured: the configs whose memory or GPU share differ from the
-    starting plan's run from t = 0 (a change of either would restart those functions
-    cold at the first interval, which a planner's deployment never pays). Replica and
-    concurrency changes still go through the first decision, as before."""
-    from moefleet.autoscale.smoe.popularity import PlanPolicy  # it imports this module
-
-    if not isinstance(controller, PlanPolicy):
-        return {}
-    configs = controller.configs
+    """A fixed plan (``controller.deployed_configs()``, e.g. static-pop) is *deployed*,
+    not reconfigured: the configs whose memory or GPU share differ from the starting
+    plan's run from t = 0 (a change of either would restart those functions cold at the
+    first interval, which a planner's deployment never pays). Replica and concurrency
+    changes still go through the first decision, as before."""
+    configs = controller.deployed_configs() if controller is not None else {}
     start = {f.name: f.memory_mb for f in sc.plan.placement().functions}
     return {n: c for n, c in configs.items()
             if n in start and (c.memory_mb != start[n] or c.gpu_share > 0)}

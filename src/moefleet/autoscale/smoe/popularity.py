@@ -158,6 +158,9 @@ class PlanPolicy(AutoscalePolicy):
     def initial_state(self) -> PolicyState:
         return False
 
+    def deployed_configs(self) -> Decisions:
+        return dict(self.configs)
+
 
 class PopularityDemonstrator(AutoscalePolicy):
     """The rule on observed shares, averaged over intervals (module doc). State: a
