@@ -85,6 +85,9 @@ class MemoryFloor(Controller):
     def initial_state(self) -> PolicyState:
         return self.inner.initial_state()
 
+    def deployed_configs(self) -> Decisions:
+        return self.inner.deployed_configs()
+
     def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
                                                                              PolicyState]:
         decisions, state = self.inner.decide(snapshot, state)
@@ -134,6 +137,9 @@ class Deferred(Controller):
 
     def initial_state(self) -> PolicyState:
         return self.inner.initial_state()
+
+    def deployed_configs(self) -> Decisions:
+        return self.inner.deployed_configs()
 
     def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
                                                                              PolicyState]:
