@@ -38,6 +38,14 @@ METHOD_CODES: dict[Method, int] = {"pipelined": 1, "storage": 2, "direct": 3}
 CODE_METHODS: dict[int, Method] = {v: k for k, v in METHOD_CODES.items()}
 
 
+def even_chunks(d: int, g: int) -> list[int]:
+    """How ``d`` token-slots of one expert split over its ``g`` replicas when nothing
+    assigns them (the ``direct`` method): ``ceil(d / g)`` per replica in order, the last
+    ones smaller or empty. The runtime's scatter and Remoe's simulator both cut so."""
+    chunk = -(-d // g) if d > 0 else 0
+    return [max(0, min(chunk, d - r * chunk)) for r in range(g)]
+
+
 class PlanError(MoefleetError):
     """A plan file or object that is malformed or does not fit the model/platform."""
 

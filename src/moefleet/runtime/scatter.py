@@ -19,12 +19,12 @@ on an oversubscribed machine (measured: 1.7 s for a 33-token gather vs 0.5 ms).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from moefleet.plan.plan import even_chunks
 from moefleet.runtime.errors import GatherError
 
 
@@ -80,10 +80,10 @@ def assign(layer: int, ids_NK: torch.Tensor, replicas: list[int],
             if d:
                 shares.append(Share(layer, e, replica_of[e], slots // K, slots % K))
             continue
-        g = replicas[e]
-        chunk = math.ceil(d / g) if d else 0
-        for r in range(g):
-            part = slots[r * chunk : (r + 1) * chunk]
+        at = 0
+        for r, n in enumerate(even_chunks(d, replicas[e])):
+            part = slots[at : at + n]
+            at += n
             if part.size:
                 shares.append(Share(layer, e, r, part // K, part % K))
     return shares

@@ -51,6 +51,7 @@ from typing import Any, Literal
 import numpy as np
 import simpy
 
+from moefleet.plan.plan import even_chunks
 from moefleet.plan.remoe.model import Layout, main_times
 from moefleet.plan.remoe.problem import RemoeProblem
 from moefleet.sim.config import SimError
@@ -77,12 +78,8 @@ def split_chunks(counts_E: np.ndarray, remote_E: np.ndarray, replicas: int) -> l
     z = max(1, int(replicas))
     out = [0] * z
     for e in np.flatnonzero(remote_E):
-        d = int(counts_E[e])
-        if d <= 0:
-            continue
-        chunk = -(-d // z)
-        for r in range(z):
-            out[r] += max(0, min(chunk, d - r * chunk))
+        for r, n in enumerate(even_chunks(int(counts_E[e]), z)):
+            out[r] += n
     return out
 
 
