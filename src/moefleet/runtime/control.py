@@ -69,7 +69,21 @@ class ControlConfig:
             raise AutoscaleError(f"apply delay must be >= 0 s, got {self.apply_delay_s!r}")
 
 
-class MemoryFloor(Controller):
+class Wrapped(Controller):
+    """A controller around ``inner``: its name, initial state and deployed configs are
+    the inner one's; subclasses change only ``decide``."""
+
+    def __init__(self, inner: Controller) -> None:
+        self.inner, self.name = inner, inner.name
+
+    def initial_state(self) -> PolicyState:
+        return self.inner.initial_state()
+
+    def deployed_configs(self) -> Decisions:
+        return self.inner.deployed_configs()
+
+
+class MemoryFloor(Wrapped):
     """``inner`` with every decided memory raised to the function's floor
     (``floor_mb[name]``: the least memory its instance starts in on this platform).
     A decision below it would fail every call (out of memory), so it is clamped, logged
@@ -78,15 +92,9 @@ class MemoryFloor(Controller):
     inner controller's."""
 
     def __init__(self, inner: Controller, floor_mb: Mapping[str, int]) -> None:
-        self.inner, self.floor_mb = inner, dict(floor_mb)
-        self.name = inner.name
+        super().__init__(inner)
+        self.floor_mb = dict(floor_mb)
         self.clamped: list[tuple[float, str, FunctionConfig, FunctionConfig]] = []
-
-    def initial_state(self) -> PolicyState:
-        return self.inner.initial_state()
-
-    def deployed_configs(self) -> Decisions:
-        return self.inner.deployed_configs()
 
     def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
                                                                              PolicyState]:
@@ -128,18 +136,13 @@ class Replayed(Controller):
         return dict(self.by_interval.get(k, {})), k
 
 
-class Deferred(Controller):
+class Deferred(Wrapped):
     """``inner`` from time ``start_s`` on; before it, no decisions and no snapshots reach
     it (the warm-up before a replay is not the controller's to see)."""
 
     def __init__(self, inner: Controller, start_s: float) -> None:
-        self.inner, self.start_s, self.name = inner, start_s, inner.name
-
-    def initial_state(self) -> PolicyState:
-        return self.inner.initial_state()
-
-    def deployed_configs(self) -> Decisions:
-        return self.inner.deployed_configs()
+        super().__init__(inner)
+        self.start_s = start_s
 
     def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
                                                                              PolicyState]:
