@@ -195,8 +195,11 @@ class StepCacheView:
         self._valid_BT = valid_BT.to(self.cache.device)
 
     def update(self, a_BHTC: torch.Tensor, b_BHTC: torch.Tensor, layer_idx: int,
-               cache_kwargs: object = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the valid new tokens of both tensors; return each row's full history."""
+               cache_kwargs: object = None, **kwargs: object
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the valid new tokens of both tensors; return each row's full history.
+        Extra arguments (``cache_kwargs``; ``kwargs=`` from transformers 5.24 on) are
+        not needed: positions come from the step, not from the attention call."""
         if self._valid_BT is None:
             raise KVCacheError("the step view has no valid mask", "call set_valid() first")
         pools = self.cache._pools[layer_idx]
@@ -229,7 +232,8 @@ class LayoutProbe:
         self.dtype: torch.dtype = torch.float32
 
     def update(self, a_BHTC: torch.Tensor, b_BHTC: torch.Tensor, layer_idx: int,
-               cache_kwargs: object = None) -> tuple[torch.Tensor, torch.Tensor]:
+               cache_kwargs: object = None, **kwargs: object
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         self.shapes[layer_idx] = ((a_BHTC.shape[1], a_BHTC.shape[3]),
                                   (b_BHTC.shape[1], b_BHTC.shape[3]))
         self.dtype = a_BHTC.dtype
