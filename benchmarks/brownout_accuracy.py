@@ -37,8 +37,9 @@ from typing import Any
 import torch
 
 from moefleet.brownout.distill import DistillConfig, distill
-from moefleet.brownout.routing import BrownoutExperts, Grouping, index_groups
+from moefleet.brownout.groups import Grouping, index_groups
 from moefleet.brownout.united import find_cached
+from moefleet.experts.brownout import BrownoutExperts
 from moefleet.io import write_json_atomic, write_text_atomic
 from moefleet.models import zoo
 from moefleet.models.base import MoEModelAdapter

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from moefleet.brownout.salc import SALC
-from moefleet.brownout.serving import brownout_engine
+from moefleet.compose.build import brownout_engine
 from moefleet.data.registry import load_prompts
 from moefleet.engine import SamplingParams
 from moefleet.engine.replay import replay

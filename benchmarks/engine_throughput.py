@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from moefleet.compose.build import build_engine
 from moefleet.data.registry import load_prompts
 from moefleet.engine import SamplingParams
-from moefleet.engine.build import build_engine
 from moefleet.io import write_text_atomic
 from moefleet.models import zoo
 from moefleet.workloads.azure_llm import load_azure_llm

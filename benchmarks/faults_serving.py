@@ -27,10 +27,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from moefleet.compose.build import build_engine
 from moefleet.engine import SamplingParams
-from moefleet.engine.build import build_engine
-from moefleet.models.local_experts import local_experts
-from moefleet.runtime.faults import FaultPlan, FaultyExperts
+from moefleet.experts.faults import FaultyExperts
+from moefleet.experts.kernels import in_process_experts
+from moefleet.runtime.faults import FaultPlan
 from moefleet.serve.fault_runs import run_engine_under_faults, run_http_under_faults
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +101,7 @@ def engine_runs(adapter: Any, n: int, rates: list[float], seed: int,
         for rate in rates:
             pairs = []
             for rep in range(repeats):
-                faulty = FaultyExperts(local_experts(adapter),
+                faulty = FaultyExperts(in_process_experts(adapter),
                                        FaultPlan(kind, rate, seed + rep, **FAST))
                 eng = build_engine(adapter, max_num_seqs=8, experts=faulty)
                 run = run_engine_under_faults(eng, faulty, prompts, GREEDY, reference)

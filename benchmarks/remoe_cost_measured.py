@@ -70,9 +70,9 @@ def activation(adapter: Any, prompts: list[list[int]], new_tokens: int
     from moefleet.engine.engine import Engine
     from moefleet.engine.request import SamplingParams
     from moefleet.engine.runner import LocalRunner
-    from moefleet.models.local_experts import local_experts
+    from moefleet.experts.kernels import in_process_experts
 
-    inner = local_experts(adapter)
+    inner = in_process_experts(adapter)
     layers = list(adapter.moe_layers)
     counts = np.zeros((len(layers), adapter.num_experts(layers[0])))
 

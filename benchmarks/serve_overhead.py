@@ -37,9 +37,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from moefleet.compose.build import build_engine
 from moefleet.data.registry import load_prompts
 from moefleet.engine import SamplingParams
-from moefleet.engine.build import build_engine
 from moefleet.io import write_json_atomic
 from moefleet.models.registry import load_adapter
 from moefleet.serve.bench import BenchConfig, run_bench, summarize

@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 import torch
 
+from moefleet.compose.build import build_engine
 from moefleet.engine import SamplingParams
-from moefleet.engine.build import build_engine
 from moefleet.errors import MoefleetError
+from moefleet.experts.faults import FaultyExperts
+from moefleet.experts.kernels import in_process_experts
 from moefleet.models.hf import HFMoEAdapter
-from moefleet.models.local_experts import local_experts
 from moefleet.models.tiny import tiny_model
-from moefleet.runtime.faults import FaultPlan, FaultyExperts, parse_fault
+from moefleet.runtime.faults import FaultPlan, parse_fault
 from moefleet.serve.fault_runs import run_engine_under_faults
 
 pytestmark = pytest.mark.timeout(300)
@@ -39,7 +40,7 @@ def reference() -> tuple[tuple[int, ...], ...]:
 @pytest.mark.parametrize("kind", ["crash", "timeout", "throttle", "straggler"])
 def test_transient_expert_faults_are_retried_and_change_nothing(kind: str) -> None:
     # seed 2: no run of 4 hits in the first 400 draws, so every call gets through
-    faulty = FaultyExperts(local_experts(adapter()),
+    faulty = FaultyExperts(in_process_experts(adapter()),
                            FaultPlan(kind, 0.2, seed=2, timeout_s=0.01, straggle_s=0.01,
                                      retry_after_s=0.01))
     engine = build_engine(adapter(), max_num_seqs=2, experts=faulty)
@@ -67,7 +68,7 @@ class _FailCall:
 
 @pytest.mark.parametrize("at", [1, 8])  # the first prefill step, a later decode step
 def test_a_failed_step_ends_only_its_own_requests_with_a_clear_error(at: int) -> None:
-    fail = _FailCall(local_experts(adapter()), at)
+    fail = _FailCall(in_process_experts(adapter()), at)
     engine = build_engine(adapter(), max_num_seqs=2, experts=fail)
     outs = engine.generate(PROMPTS, GREEDY)
     errored = [i for i, o in enumerate(outs) if o.finish_reason == "error"]
@@ -85,7 +86,7 @@ def test_a_failed_step_ends_only_its_own_requests_with_a_clear_error(at: int) ->
 
 
 def test_errors_past_the_retries_fail_requests_and_the_harness_loses_none() -> None:
-    faulty = FaultyExperts(local_experts(adapter()), FaultPlan("error", 0.3, seed=1))
+    faulty = FaultyExperts(in_process_experts(adapter()), FaultPlan("error", 0.3, seed=1))
     engine = build_engine(adapter(), max_num_seqs=2, experts=faulty)
     run = run_engine_under_faults(engine, faulty, PROMPTS * 2, GREEDY)
     assert run.failed >= 1 and run.lost == 0

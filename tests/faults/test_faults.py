@@ -98,10 +98,10 @@ def test_engine_over_remote_experts_survives_worker_kills(setup: tuple) -> None:
     """The engine's experts in real worker processes (RemoteExperts on the local backend)
     while the harness SIGKILLs workers mid-call: every request completes with the tokens
     of the in-process experts, and the crashed attempts are billed."""
+    from moefleet.compose.build import build_engine
     from moefleet.engine import SamplingParams
-    from moefleet.engine.build import build_engine
+    from moefleet.experts.remote import RemoteExperts
     from moefleet.runtime.faults import FaultyBackend
-    from moefleet.runtime.remote_experts import RemoteExperts
 
     _, store, adapter, backend, dep = setup
     prompts = [[5, 17, 42, 7, 99, 3], [8, 1, 250], [60, 61, 62, 63]]

@@ -16,9 +16,10 @@ import torch
 
 pytest.importorskip("aiohttp")
 
-from moefleet.engine.build import build_engine
-from moefleet.models.local_experts import local_experts
-from moefleet.runtime.faults import FaultPlan, FaultyExperts
+from moefleet.compose.build import build_engine
+from moefleet.experts.faults import FaultyExperts
+from moefleet.experts.kernels import in_process_experts
+from moefleet.runtime.faults import FaultPlan
 from moefleet.serve.fault_runs import run_http_under_faults
 from tests.serve.conftest import running, tiny_adapter
 
@@ -28,7 +29,7 @@ PROMPTS = [f"request {i} about mixtures of experts" for i in range(8)]
 
 
 def _engine(plan: FaultPlan) -> tuple[Any, FaultyExperts]:
-    faulty = FaultyExperts(local_experts(tiny_adapter()), plan)
+    faulty = FaultyExperts(in_process_experts(tiny_adapter()), plan)
     return build_engine(tiny_adapter(), max_num_seqs=4, experts=faulty), faulty
 
 
@@ -88,7 +89,7 @@ class _StallOnce:
 
 
 def test_a_stalled_step_is_a_503_not_a_hang_and_the_server_recovers() -> None:
-    stall = _StallOnce(local_experts(tiny_adapter()), seconds=3.0)
+    stall = _StallOnce(in_process_experts(tiny_adapter()), seconds=3.0)
     engine = build_engine(tiny_adapter(), max_num_seqs=4, experts=stall)
     with running(engine, step_timeout_s=0.5) as s:
         body = {"model": "tiny-mixtral", "prompt": "hello", "max_tokens": 4, "temperature": 0}

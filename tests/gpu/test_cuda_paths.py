@@ -9,19 +9,21 @@ so only summation order differs, far below these random models' top-2 logit gaps
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
 
-from moefleet.brownout.routing import BrownoutExperts, Grouping, index_groups
+from moefleet.brownout.groups import Grouping, index_groups
 from moefleet.brownout.united import UnitedExperts
+from moefleet.compose.build import build_engine
 from moefleet.engine import Engine, LocalRunner, SamplingParams
-from moefleet.engine.build import build_engine
+from moefleet.experts.brownout import BrownoutExperts
+from moefleet.experts.kernels import in_process_experts
+from moefleet.experts.split import held_experts, split_experts
 from moefleet.models.hf import HFMoEAdapter
-from moefleet.models.local_experts import local_experts
 from moefleet.models.tiny import small_mixtral, tiny_model
 from moefleet.remoe.main_model import place_non_experts
-from moefleet.remoe.split import held_experts, split_experts
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -72,7 +74,7 @@ def test_partial_brownout_on_cuda_gives_the_cpu_tokens(threshold: float, kernel:
     def run(device: str) -> tuple[list[list[int]], BrownoutExperts]:
         adapter = _adapter()
         adapter.model.to(device)
-        experts = BrownoutExperts(local_experts(adapter, kernel),  # type: ignore[arg-type]
+        experts = BrownoutExperts(in_process_experts(adapter, kernel),  # type: ignore[arg-type]
                                   _united(adapter, 2), threshold, "partial",
                                   united_kernel=kernel)
         return _tokens(build_engine(adapter, device=device, experts=experts)), experts
@@ -85,7 +87,7 @@ def test_partial_brownout_on_cuda_gives_the_cpu_tokens(threshold: float, kernel:
 
 
 def test_brownout_engine_moves_the_model_before_building_experts() -> None:
-    from moefleet.brownout.serving import brownout_engine
+    from moefleet.compose.build import brownout_engine
 
     adapter = _adapter()
     engine, experts, _ = brownout_engine(adapter, ways=2, threshold=0.0, mode="full",
@@ -99,7 +101,7 @@ def test_brownout_engine_moves_the_model_before_building_experts() -> None:
 def test_remoe_split_layer_loop_on_cuda_with_experts_on_the_cpu() -> None:
     """Remoe's main: non-experts (and the KV cache) on CUDA, routed experts in host
     memory, half of each layer's experts behind a second ExpertFn; tokens as on the CPU."""
-    want = _tokens(Engine(LocalRunner(HFMoEAdapter(small_mixtral()))))
+    want = _tokens(Engine(_runner(HFMoEAdapter(small_mixtral()))))
     adapter = HFMoEAdapter(small_mixtral())
     place_non_experts(adapter, torch.device("cuda"))
     inner = held_experts({layer: {e: adapter.expert_view(layer, e)
@@ -119,3 +121,7 @@ def test_remoe_split_layer_loop_on_cuda_with_experts_on_the_cpu() -> None:
     assert adapter.device.type == "cuda"
     assert seen and {d.type for d in seen} == {"cpu"}
     assert got == want
+
+
+def _runner(adapter: Any) -> LocalRunner:
+    return LocalRunner(adapter, experts=in_process_experts(adapter))

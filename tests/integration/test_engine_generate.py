@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from moefleet.engine import Engine, EngineError, LocalRunner, SamplingParams
+from moefleet.experts.kernels import in_process_experts
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
 from tests.contracts.test_adapter_contract import DECODER_FAMILIES, tiny_bert_moe
@@ -40,7 +41,8 @@ def test_greedy_equals_hf_generate_with_chunks_and_preemption(model: Any, kernel
     per_token = adapter.kv_layout().bytes_per_token
     # 10 blocks of 4 tokens: too few for all four requests at once -> preemption;
     # a 16-token budget chunks the 20-token prompt
-    runner = LocalRunner(adapter, kernel=kernel, kv_budget_bytes=per_token * 4 * 10,
+    runner = LocalRunner(adapter, experts=in_process_experts(adapter, kernel),  # type: ignore[arg-type]
+                         kv_budget_bytes=per_token * 4 * 10,
                          block_size=4)
     engine = Engine(runner, max_num_batched_tokens=16)
     outs = engine.generate(_prompts(), [SamplingParams(max_tokens=n, temperature=0,
@@ -58,7 +60,7 @@ def test_greedy_equals_hf_generate_with_chunks_and_preemption(model: Any, kernel
 
 def test_prompt_logprobs_equal_the_models_own(model: Any) -> None:
     adapter = HFMoEAdapter(model)
-    engine = Engine(LocalRunner(adapter), max_num_batched_tokens=8)  # chunked prompt
+    engine = Engine(_runner(adapter), max_num_batched_tokens=8)  # chunked prompt
     prompt = _prompts()[3]
     out = engine.generate([prompt], SamplingParams(max_tokens=2, temperature=0,
                                                    prompt_logprobs=True, logprobs=3))[0]
@@ -87,20 +89,20 @@ def test_sampling_is_reproducible_per_seed_whatever_the_batch() -> None:
     adapter = HFMoEAdapter(tiny_model("mixtral", vocab_size=512, seed=2))
     p = SamplingParams(max_tokens=8, temperature=0.9, top_p=0.9, top_k=50, seed=11,
                        ignore_eos=True)
-    alone = Engine(LocalRunner(adapter)).generate([[1, 2, 3]], p)[0].new_token_ids
+    alone = Engine(_runner(adapter)).generate([[1, 2, 3]], p)[0].new_token_ids
     others = SamplingParams(max_tokens=8, temperature=1.0, seed=5, ignore_eos=True)
-    batched = Engine(LocalRunner(adapter)).generate(
+    batched = Engine(_runner(adapter)).generate(
         [[9, 9], [1, 2, 3], [4]], [others, p, others])[1].new_token_ids
     assert alone == batched
     other_seed = SamplingParams(max_tokens=8, temperature=0.9, seed=12, ignore_eos=True)
-    assert Engine(LocalRunner(adapter)).generate([[1, 2, 3]], other_seed)[0].new_token_ids \
+    assert Engine(_runner(adapter)).generate([[1, 2, 3]], other_seed)[0].new_token_ids \
         != alone
 
 
 def test_abort_frees_the_cache_at_once_and_timings_are_ordered() -> None:
     clock = iter(float(i) for i in range(10_000))
     adapter = HFMoEAdapter(tiny_model("olmoe", vocab_size=512))
-    runner = LocalRunner(adapter)
+    runner = _runner(adapter)
     engine = Engine(runner, clock=lambda: next(clock))
     a = engine.add_request([1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True))
     b = engine.add_request([4, 5], SamplingParams(max_tokens=3, ignore_eos=True))
@@ -124,7 +126,7 @@ def test_abort_frees_the_cache_at_once_and_timings_are_ordered() -> None:
     ([600], SamplingParams(), "outside the vocabulary"),
 ])
 def test_bad_requests_are_refused_and_nothing_is_left_behind(prompt, params, match) -> None:
-    engine = Engine(LocalRunner(HFMoEAdapter(tiny_model("mixtral", vocab_size=512))))
+    engine = Engine(_runner(HFMoEAdapter(tiny_model("mixtral", vocab_size=512))))
     with pytest.raises(EngineError, match=match):
         engine.add_request(prompt, params)
     assert not engine.has_unfinished
@@ -132,7 +134,7 @@ def test_bad_requests_are_refused_and_nothing_is_left_behind(prompt, params, mat
 
 def test_an_encoder_cannot_generate() -> None:
     with pytest.raises(EngineError, match="encoder"):
-        LocalRunner(tiny_bert_moe())
+        _runner(tiny_bert_moe())
 
 
 def test_step_hooks_see_every_step_before_and_after() -> None:
@@ -146,8 +148,12 @@ def test_step_hooks_see_every_step_before_and_after() -> None:
             seen.append(("after", False, len(outputs)))
 
     adapter = HFMoEAdapter(tiny_model("mixtral", vocab_size=512))
-    engine = Engine(LocalRunner(adapter), hooks=[Spy()])
+    engine = Engine(_runner(adapter), hooks=[Spy()])
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=3, ignore_eos=True))
     assert seen == [("before", True, 1), ("after", False, 1),
                     ("before", False, 1), ("after", False, 1),
                     ("before", False, 1), ("after", False, 1)]
+
+
+def _runner(adapter: Any) -> LocalRunner:
+    return LocalRunner(adapter, experts=in_process_experts(adapter))

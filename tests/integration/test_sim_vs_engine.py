@@ -10,12 +10,14 @@ the same.
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 import numpy as np
 import torch
 
 from moefleet.engine import Engine, LocalRunner, SamplingParams
 from moefleet.engine.replay import replay
+from moefleet.experts.kernels import in_process_experts
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
 from moefleet.sim.engine_sim import StepTimeModel, simulate_engine
@@ -31,7 +33,7 @@ def test_simulated_ttft_and_tpot_match_the_engine_within_20_percent() -> None:
     outs = [int(rng.integers(8, 24)) for _ in range(n)]
     arrivals = [(float(ti), p, SamplingParams(max_tokens=o, temperature=0, ignore_eos=True))
                 for ti, p, o in zip(t, prompts, outs, strict=True)]
-    engine = Engine(LocalRunner(adapter), max_num_seqs=8, max_num_batched_tokens=128)
+    engine = Engine(_runner(adapter), max_num_seqs=8, max_num_batched_tokens=128)
     real = replay(engine, arrivals, max_wall_s=300)
     assert all(o.finished and len(o.new_token_ids) == k for o, k in zip(real, outs, strict=True))
 
@@ -47,3 +49,7 @@ def test_simulated_ttft_and_tpot_match_the_engine_within_20_percent() -> None:
     print(f"TTFT sim/engine {sim_ttft / real_ttft:.3f}, TPOT sim/engine {sim_tpot / real_tpot:.3f}")
     assert abs(sim_ttft / real_ttft - 1) <= 0.20, (sim_ttft, real_ttft)
     assert abs(sim_tpot / real_tpot - 1) <= 0.20, (sim_tpot, real_tpot)
+
+
+def _runner(adapter: Any) -> LocalRunner:
+    return LocalRunner(adapter, experts=in_process_experts(adapter))

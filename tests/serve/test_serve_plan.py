@@ -47,7 +47,7 @@ def _plan(path: Path, model: str) -> Path:
 
 @pytest.fixture(scope="module")
 def in_process(model_dir: Path) -> Iterator[tuple[Any, dict[str, Any]]]:
-    from moefleet.engine.build import build_engine
+    from moefleet.compose.build import build_engine
     from moefleet.models.registry import load_adapter
 
     adapter = load_adapter(str(model_dir))

@@ -38,7 +38,7 @@ def _remoe_plan(path: Path, adapter: Any, model: str) -> Path:
 
 def test_served_remoe_plan_matches_in_process_and_bills_main_plus_remote(
         small_mixtral_dir: Path, tmp_path: Path) -> None:
-    from moefleet.engine.build import build_engine
+    from moefleet.compose.build import build_engine
     from moefleet.models.registry import load_adapter
     from moefleet.plan import DeploymentPlan
     from moefleet.platform import open_store
@@ -129,7 +129,7 @@ def test_serve_cli_with_a_remoe_plan_answers_over_http_and_tears_down(
     from typer.testing import CliRunner
 
     from moefleet.cli import app as cli
-    from moefleet.engine.build import build_engine
+    from moefleet.compose.build import build_engine
     from moefleet.models.registry import load_adapter
     from tests.serve.conftest import free_port
 

@@ -9,14 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from moefleet.brownout.routing import (
-    BrownoutError,
-    BrownoutExperts,
-    Grouping,
-    index_groups,
-    plan_layer,
-)
+from moefleet.brownout.groups import BrownoutError, Grouping, index_groups, plan_layer
 from moefleet.brownout.united import UnitedExperts
+from moefleet.experts.brownout import BrownoutExperts
 from moefleet.models.base import combine_experts
 
 COUNTS = [2, 4, 1, 5, 2, 1, 2, 3]  # the paper's worked example, experts E0..E7

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from moefleet.brownout.routing import BrownoutError
+from moefleet.brownout.groups import BrownoutError
 from moefleet.brownout.salc import (
     SALC,
     LatencySnapshot,
@@ -77,8 +77,9 @@ def test_bad_settings_are_clear_errors(field: str, value: float) -> None:
 
 
 def test_control_sets_the_step_threshold_from_recorded_latencies() -> None:
-    from moefleet.brownout.control import BrownoutControl
-    from moefleet.brownout.routing import BrownoutExperts, Grouping, index_groups
+    from moefleet.brownout.groups import Grouping, index_groups
+    from moefleet.experts.brownout import BrownoutExperts
+    from moefleet.experts.brownout_control import BrownoutControl
 
     experts = BrownoutExperts(lambda layer, x, ids, w: x, Grouping(2, "index",
                               {0: index_groups(4, 2)}), 1.0, "full")
@@ -105,14 +106,14 @@ def test_control_sets_the_step_threshold_from_recorded_latencies() -> None:
     ("ways=8,slo-ttft=0.2,slo-tpot=0.1,speed=2", "key 'speed'"),
 ])
 def test_brownout_spec_errors_name_the_value(text: str, needle: str) -> None:
-    from moefleet.brownout.control import parse_brownout_spec
+    from moefleet.experts.brownout_control import parse_brownout_spec
 
     with pytest.raises(BrownoutError, match=re.escape(needle)):
         parse_brownout_spec(text)
 
 
 def test_brownout_spec_parses_the_serve_option() -> None:
-    from moefleet.brownout.control import parse_brownout_spec
+    from moefleet.experts.brownout_control import parse_brownout_spec
 
     spec = parse_brownout_spec("ways=8, slo-ttft=0.25, slo-tpot=0.15, mode=full, shrink=0.5")
     assert (spec.ways, spec.slo_ttft_s, spec.slo_tpot_s, spec.mode, spec.shrink) == (

@@ -11,8 +11,9 @@ import torch
 
 from moefleet.brownout import distill as distill_mod
 from moefleet.brownout.distill import DistillConfig, distill
-from moefleet.brownout.routing import BrownoutError, BrownoutExperts
+from moefleet.brownout.groups import BrownoutError
 from moefleet.brownout.united import entry_dir, load_entry
+from moefleet.experts.brownout import BrownoutExperts
 from moefleet.models import zoo
 from tests.conftest import FAMILIES
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from moefleet.experts.kernels import in_process_experts
+from moefleet.experts.split import SKIP, held_experts, mask_ids, split_experts
 from moefleet.models.hf import HFMoEAdapter
-from moefleet.models.local_experts import local_experts
 from moefleet.models.tiny import tiny_model
-from moefleet.remoe.split import SKIP, held_experts, mask_ids, split_experts
 
 
 def test_mask_ids_keeps_only_chosen_experts() -> None:
@@ -19,7 +19,7 @@ def test_mask_ids_keeps_only_chosen_experts() -> None:
 def test_split_equals_all_local_and_never_crosses_sides() -> None:
     adapter = HFMoEAdapter(tiny_model("mixtral"))
     layer = adapter.moe_layers[0]
-    every = local_experts(adapter, "loop")
+    every = in_process_experts(adapter, "loop")
     local_set = {0, 1, 2}
     held = {layer: {e: adapter.expert_view(layer, e) for e in local_set}}
     # the remote side: every expert in process (it must still skip the -1 slots)

@@ -11,10 +11,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from moefleet.compose.build import build_engine
 from moefleet.engine import SamplingParams
-from moefleet.engine.build import build_engine
+from moefleet.experts.kernels import in_process_experts
+from moefleet.experts.remote import RemoteExperts
 from moefleet.models.hf import HFMoEAdapter
-from moefleet.models.local_experts import local_experts
 from moefleet.models.tiny import tiny_model
 from moefleet.plan import DeploymentPlan
 from moefleet.platform import LocalObjectStore, PlatformSpec, load_platform
@@ -25,7 +26,6 @@ from moefleet.runtime.handlers import CallContext, InitContext, expert_handler
 from moefleet.runtime.local import LocalBackend
 from moefleet.runtime.messages import encode
 from moefleet.runtime.payload import pack, unpack
-from moefleet.runtime.remote_experts import RemoteExperts
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -91,7 +91,7 @@ def test_equals_the_in_process_experts(method: str, adapter: HFMoEAdapter,
                                        backend: LocalBackend, store: LocalObjectStore) -> None:
     layer = adapter.moe_layers[0]
     x_ND, ids_NK, w_NK = _routed(adapter, layer)
-    want = local_experts(adapter, "loop")(layer, x_ND, ids_NK, w_NK)
+    want = in_process_experts(adapter, "loop")(layer, x_ND, ids_NK, w_NK)
     with RemoteExperts(deployments[method], backend, store) as rx:
         got = rx(layer, x_ND, ids_NK, w_NK)
         records = rx.drain()
@@ -107,7 +107,8 @@ def test_masked_slots_are_skipped(adapter: HFMoEAdapter, deployments: dict[str, 
     x_ND, ids_NK, w_NK = _routed(adapter, layer, seed=1)
     masked = ids_NK.clone()
     masked[ids_NK == 0] = -1  # expert 0 stays "local": its slots must add nothing here
-    want = local_experts(adapter, "loop")(layer, x_ND, ids_NK, w_NK.masked_fill(ids_NK == 0, 0))
+    want = in_process_experts(adapter, "loop")(
+        layer, x_ND, ids_NK, w_NK.masked_fill(ids_NK == 0, 0))
     with RemoteExperts(deployments["direct"], backend, store) as rx:
         got = rx(layer, x_ND, masked, w_NK)
         assert rx.stats[layer].token_slots == int((masked >= 0).sum())
@@ -160,7 +161,7 @@ def test_group_function_runs_several_experts_in_one_call(
     w = torch.rand(5, generator=g)
     body = pack({"x": x, "w": w}, encode(ExpertDirect(((0, 2), (1, 3)))))
     y = unpack(handler(body, CallContext("group", None, store, 1 << 20))).tensors["y"]
-    fn = local_experts(adapter, "loop")
+    fn = in_process_experts(adapter, "loop")
     ids = torch.tensor([[0], [0], [1], [1], [1]])
     torch.testing.assert_close(y, fn(layer, x, ids, w[:, None]), rtol=1e-5, atol=1e-5)
     bad = pack({"x": x, "w": w}, encode(ExpertDirect(((0, 2),))))

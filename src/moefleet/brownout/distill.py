@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from moefleet.brownout.routing import Grouping, check_ways, index_groups
+from moefleet.brownout.groups import Grouping, check_ways, index_groups
 from moefleet.brownout.united import (
     UnitedExperts,
     check_grouping_kind,

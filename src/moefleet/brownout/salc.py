@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from moefleet.brownout.routing import BrownoutError, check_threshold
+from moefleet.brownout.groups import BrownoutError, check_threshold
 
 Action = Literal["shrink", "grow", "hold", "wait", "no-data"]
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from moefleet.brownout.routing import BrownoutError, Grouping
+from moefleet.brownout.groups import BrownoutError, Grouping
 from moefleet.io import atomic_dir
 from moefleet.models.base import MoEModelAdapter
 from moefleet.paths import cache_dir

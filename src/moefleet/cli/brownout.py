@@ -14,7 +14,7 @@ app = typer.Typer(help="BrownoutServe: united experts and brownout routing.",
 
 
 def _parse_ways(text: str) -> list[int]:
-    from moefleet.brownout.routing import BrownoutError
+    from moefleet.brownout.groups import BrownoutError
 
     try:
         out = [int(part) for part in text.split(",") if part.strip()]
@@ -43,7 +43,7 @@ def distill_cmd(
     Example: moefleet brownout distill --model tiny-moe-lm-e32 --ways 2,4,8 --grouping similarity
     """
     from moefleet.brownout.distill import DistillConfig, distill
-    from moefleet.brownout.routing import BrownoutError, check_ways
+    from moefleet.brownout.groups import BrownoutError, check_ways
     from moefleet.brownout.united import check_grouping_kind
     from moefleet.cli.models import load_with_progress
 

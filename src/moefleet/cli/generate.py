@@ -37,8 +37,9 @@ def generate_cmd(
     Example: moefleet generate -m tiny-moe-lm --prompt "The castle was" --stream
     """
     with user_errors():
+        from moefleet.compose.build import build_engine
         from moefleet.engine import SamplingParams, merge_into
-        from moefleet.engine.build import build_engine, check_engine_args, summarize
+        from moefleet.engine.build import check_engine_args, summarize
         from moefleet.engine.request import RequestOutput
 
         if (prompt is None) == (dataset is None):

@@ -106,14 +106,15 @@ def serve_cmd(
                 raise MoefleetError("--inject-faults cannot be combined with --brownout or "
                                     "--plan", "drop one of them")
         key = api_key or os.environ.get("MOEFLEET_API_KEY") or None
-        from moefleet.engine.build import build_engine, check_engine_args
+        from moefleet.compose.build import build_engine
+        from moefleet.engine.build import check_engine_args
 
         check_engine_args(device, max_num_seqs)  # before the model loads
         from moefleet.models.registry import load_adapter
 
         spec = None
         if brownout is not None:
-            from moefleet.brownout.control import parse_brownout_spec
+            from moefleet.experts.brownout_control import parse_brownout_spec
 
             spec = parse_brownout_spec(brownout)  # before loading: bad specs fail fast
             slo_ttft = slo_ttft if slo_ttft is not None else spec.slo_ttft_s
@@ -138,17 +139,17 @@ def serve_cmd(
 
             check_plan_model(the_plan, adapter, model)
         if spec is not None:
-            from moefleet.brownout.serving import brownout_engine
+            from moefleet.compose.build import brownout_engine
 
             engine, experts, _ = brownout_engine(adapter, ways=spec.ways, mode=spec.mode,
                                                  salc=spec.salc(), device=device,
                                                  max_num_seqs=max_num_seqs)
         elif the_plan is None and faults is not None:
-            from moefleet.models.local_experts import local_experts
-            from moefleet.runtime.faults import FaultyExperts
+            from moefleet.experts.faults import FaultyExperts
+            from moefleet.experts.kernels import in_process_experts
 
             engine = build_engine(adapter, device=device, max_num_seqs=max_num_seqs,
-                                  experts=FaultyExperts(local_experts(adapter), faults))
+                                  experts=FaultyExperts(in_process_experts(adapter), faults))
             err_console.print(f"injecting {faults.kind} faults into {faults.rate:.0%} of "
                               "expert calls (emulated)", highlight=False)
         elif the_plan is None:
@@ -165,7 +166,7 @@ def serve_cmd(
             return
         app = create_app(engine, **app_kw)  # type: ignore[arg-type]
         if experts is not None:
-            from moefleet.brownout.hook import ThresholdReport
+            from moefleet.experts.brownout_hook import ThresholdReport
 
             gauge = app.state.serve.metrics.controller
             engine.hooks.append(ThresholdReport(experts, lambda kind, th: gauge.labels(

@@ -1,18 +1,14 @@
-"""One call from a model to a ready engine, and a summary of a finished run."""
+"""What sizes an engine (device, sequence and token limits: checked before a model loads)
+and a summary of a finished run. Engines are built by :mod:`moefleet.compose`."""
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from moefleet.engine.engine import Engine
 from moefleet.engine.request import EngineError, RequestOutput
-from moefleet.engine.runner import LocalRunner
-from moefleet.models.base import ExpertFn, MoEModelAdapter
-from moefleet.models.local_experts import Kernel
 
 MAX_NUM_SEQS = 1024  # bounds what a user number can allocate (rows of one step)
 
@@ -42,21 +38,6 @@ def check_engine_args(device: str, max_num_seqs: int, max_num_batched_tokens: in
         raise EngineError(f"max_num_batched_tokens must be in [1, 65536], got "
                           f"{max_num_batched_tokens}", "2048 is a good default")
     return resolve_device(device)
-
-
-def build_engine(adapter: MoEModelAdapter, *, device: str = "cpu", kernel: Kernel = "auto",
-                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
-                 kv_budget_bytes: int | None = None, experts: ExpertFn | None = None,
-                 **engine_kw: Any) -> Engine:
-    """An engine over ``adapter``: experts in process with ``kernel``, or through
-    ``experts`` (any ExpertFn: brownout routing, remote functions ...)."""
-    dev = check_engine_args(device, max_num_seqs, max_num_batched_tokens)
-    if dev.type != "cpu":
-        adapter.model.to(dev)
-    runner = LocalRunner(adapter, experts=experts, kernel=kernel,
-                         kv_budget_bytes=kv_budget_bytes, max_num_seqs=max_num_seqs)
-    return Engine(runner, tokenizer=adapter.tokenizer, max_num_seqs=max_num_seqs,
-                  max_num_batched_tokens=max_num_batched_tokens, **engine_kw)
 
 
 @dataclass(frozen=True)

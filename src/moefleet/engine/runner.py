@@ -4,14 +4,11 @@ A runner owns the KV cache (sequences live only in the scheduler, K/V only here)
 drops the cache of preempted sequences, runs the step's rows and returns the logits the
 engine samples from, plus per-expert token counts and how long the forward took.
 
-Failures: the runner calls its experts through :class:`RetryingExperts`, which retries an
-expert call that fails with a transient error (the ``engine`` entry of
-:data:`~moefleet.runtime.retry.POLICIES`: a crashed, timed-out or throttled expert
-function, a dropped connection) with backoff and the platform's retry-after. An expert
-call is a pure function of its inputs, so a retry returns the same output and the step
-goes on as if nothing happened (only later). When the retries run out, or the error is
-not transient, or anything else in the forward raises, :meth:`LocalRunner.execute`
-raises :class:`StepFailedError` naming every sequence of the step; the engine fails
+Failures: the expert stack the runner is given retries transient expert failures itself
+(:mod:`moefleet.experts.retry`, outermost in every stack the composition root builds). When
+the retries run out, or the error is not transient, or anything else in the forward raises,
+:meth:`LocalRunner.execute` raises :class:`StepFailedError` naming every sequence of the step;
+the engine fails
 exactly those requests (see ``engine.py``) and frees their cache, so a step whose first
 forward committed and whose second failed leaves no half-advanced sequence behind.
 
@@ -30,9 +27,7 @@ from moefleet.engine.request import EngineError
 from moefleet.engine.scheduler import SchedulerOutput
 from moefleet.models.base import ExpertFn, MoEModelAdapter
 from moefleet.models.kv import KVCache
-from moefleet.models.local_experts import Kernel, local_experts
 from moefleet.models.step import StepInput
-from moefleet.runtime.retry import POLICIES, RetryPolicy, retry_call
 
 
 @dataclass
@@ -45,24 +40,6 @@ class RunnerOutput:
     prompt_logits: dict[int, torch.Tensor] = field(default_factory=dict)
     expert_counts: dict[int, torch.Tensor] = field(default_factory=dict)
     forward_s: float = 0.0
-
-
-class RetryingExperts:
-    """An ExpertFn that retries ``inner``'s transient failures under ``policy``;
-    ``retries`` counts the calls repeated (thread-safe enough: one engine thread)."""
-
-    def __init__(self, inner: ExpertFn, policy: RetryPolicy) -> None:
-        self.inner, self.policy = inner, policy
-        self.retries = 0
-
-    def __call__(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
-                 w_NK: torch.Tensor) -> torch.Tensor:
-        return retry_call(self.policy, lambda: self.inner(layer, x_ND, ids_NK, w_NK),
-                          on_failure=self._failed)
-
-    def _failed(self, err: BaseException, attempt: int) -> None:
-        if attempt < self.policy.attempts - 1:
-            self.retries += 1
 
 
 class StepFailedError(EngineError):
@@ -86,26 +63,24 @@ class ModelRunner(Protocol):
 
 
 class LocalRunner:
-    """Runs ``adapter.forward_step`` in this process; experts through ``experts`` (default
-    the in-process ``kernel``). The cache takes ``kv_budget_bytes`` (default: room for
+    """Runs ``adapter.forward_step`` in this process; experts through ``experts`` (the
+    expert stack the composition root built). The cache takes ``kv_budget_bytes`` (default: room for
     ``max_num_seqs`` full-length sequences, at most 2 GiB)."""
 
-    def __init__(self, adapter: MoEModelAdapter, *, experts: ExpertFn | None = None,
-                 kernel: Kernel = "auto", kv_budget_bytes: int | None = None,
+    def __init__(self, adapter: MoEModelAdapter, *, experts: ExpertFn,
+                 kv_budget_bytes: int | None = None,
                  block_size: int = 16, max_num_seqs: int = 64,
-                 max_model_len: int | None = None, retry: RetryPolicy | None = None
-                 ) -> None:
+                 max_model_len: int | None = None) -> None:
         if not adapter.causal:
             raise EngineError(
                 f"{adapter.name} ({adapter.family}) is an encoder: it cannot generate",
                 "generate with a decoder model, e.g. tiny-moe-lm")
         self.adapter = adapter
-        inner = experts or local_experts(adapter, kernel)
-        self.experts = RetryingExperts(inner, retry or POLICIES["engine"])
+        self.experts = experts
         # An ExpertFn that attributes work (RemoteExperts) learns whose each token row is:
         # the owners are sequence ids (str), in the order rows reach the ExpertFn (a
         # retried call keeps them: the rows are the same).
-        self._set_owners = getattr(inner, "set_owners", None)
+        self._set_owners = getattr(experts, "set_owners", None)
         context = int(getattr(getattr(adapter.model, "config", None),
                               "max_position_embeddings", 2048) or 2048)
         self.max_model_len = min(max_model_len or context, context)

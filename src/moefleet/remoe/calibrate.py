@@ -78,7 +78,7 @@ def record_passes(adapter: Any, prompts: list[list[int]], max_tokens: int
     from moefleet.engine.engine import Engine
     from moefleet.engine.request import SamplingParams
     from moefleet.engine.runner import LocalRunner
-    from moefleet.remoe.split import held_experts
+    from moefleet.experts.split import held_experts
 
     layers = list(adapter.moe_layers)
     E = adapter.num_experts(layers[0])

@@ -81,7 +81,7 @@ class MainFunction:
                 raise FunctionError(f"{self.function}: this backend offers no nested calls, "
                                     "so remote experts cannot run", "use the local or aws "
                                     "backend")
-            from moefleet.runtime.remote_experts import RemoteExperts
+            from moefleet.experts.remote import RemoteExperts
 
             remote = RemoteExperts(self.dep, ctx.functions, ctx.store)
         self.remote = remote

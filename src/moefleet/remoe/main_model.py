@@ -9,7 +9,7 @@ store what deploy uploaded, so the server holds exactly what a main instance wou
 Device (:func:`main_device`): the non-expert modules and the KV cache go on CUDA when the
 plan gives the main function a GPU and torch sees one (``auto``); the local experts stay
 in host memory, as the plan sizes them in the main function's CPU memory, and
-:class:`~moefleet.remoe.split.SplitExperts` moves each layer's token rows to the CPU
+:class:`~moefleet.experts.split.SplitExperts` moves each layer's token rows to the CPU
 before the split and the sum back. Otherwise everything runs on the CPU and the plan's
 GPU price is applied to the measured time: "GPU emulated".
 
@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from moefleet.errors import MoefleetError
+from moefleet.experts.split import SplitExperts, held_experts, split_experts
 from moefleet.models.base import ExpertFn, MoEModelAdapter
-from moefleet.remoe.split import SplitExperts, held_experts, split_experts
 from moefleet.runtime import weights
 from moefleet.runtime.deploy import Deployment
 from moefleet.runtime.errors import FunctionError

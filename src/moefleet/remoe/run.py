@@ -139,11 +139,10 @@ def run_remoe(dep: Deployment, backend: FunctionBackend, platform: PlatformSpec,
 
 def reference_tokens(adapter: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """The monolithic model's greedy tokens (in process, every expert local)."""
-    from moefleet.engine.engine import Engine
+    from moefleet.compose.build import build_engine
     from moefleet.engine.request import SamplingParams
-    from moefleet.engine.runner import LocalRunner
 
-    outs = Engine(LocalRunner(adapter), eos_token_id=None).generate(
+    outs = build_engine(adapter, eos_token_id=None).generate(
         prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
     return [o.new_token_ids for o in outs]
 

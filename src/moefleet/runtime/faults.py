@@ -52,7 +52,6 @@ from moefleet.errors import MoefleetError
 from moefleet.platform import InvocationRecord, ObjectStore, StorageError
 from moefleet.runtime.base import FunctionBackend, FunctionSpec, InvokeResult
 from moefleet.runtime.errors import (
-    FunctionCrashedError,
     InvocationTimeoutError,
     ThrottledError,
 )
@@ -103,7 +102,7 @@ class FaultPlan:
             raise MoefleetError(f"fault rate must be in [0, 1], got {self.rate}")
 
 
-class _Dice:
+class Dice:
     """A seeded, thread-safe Bernoulli source (one draw per operation)."""
 
     def __init__(self, rate: float, seed: int) -> None:
@@ -127,7 +126,7 @@ class FaultyBackend(FunctionBackend):
         self.platform = inner.platform
         self.policy = policy or POLICIES.get(inner.name, POLICIES["local"])
         active = plan.kind in BACKEND_FAULTS
-        self._dice = _Dice(plan.rate if active else 0.0, plan.seed)
+        self._dice = Dice(plan.rate if active else 0.0, plan.seed)
         self._rng = random.Random(plan.seed + 1)
         self._lock = threading.Lock()
         self._failed: list[InvocationRecord] = []
@@ -200,40 +199,6 @@ class FaultyBackend(FunctionBackend):
                 os.kill(pid, signal.SIGKILL)
 
 
-class FaultyExperts:
-    """An ``ExpertFn`` that injects ``plan``'s fault into a seeded fraction of calls to
-    ``inner`` (see the module docstring); thread-safe, counts what it injected."""
-
-    def __init__(self, inner: Any, plan: FaultPlan) -> None:
-        if plan.kind not in EXPERT_FAULTS and plan.kind != "none":
-            raise MoefleetError(f"fault kind {plan.kind!r} cannot be injected at the expert "
-                                "seam", f"use one of: {', '.join(EXPERT_FAULTS)}")
-        self.inner, self.plan = inner, plan
-        self._dice = _Dice(plan.rate if plan.kind != "none" else 0.0, plan.seed + 13)
-        self.calls = 0
-
-    @property
-    def injected(self) -> int:
-        return self._dice.injected
-
-    def __call__(self, layer: int, x_ND: Any, ids_NK: Any, w_NK: Any) -> Any:
-        self.calls += 1
-        if self._dice.roll():
-            kind, p = self.plan.kind, self.plan
-            where = f"experts of layer {layer}"
-            if kind == "crash":
-                raise FunctionCrashedError(f"{where}: function crashed (injected)")
-            if kind == "timeout":
-                time.sleep(p.timeout_s)
-                raise InvocationTimeoutError(f"{where}: timed out (injected)")
-            if kind == "throttle":
-                raise InjectedThrottle(where, p.retry_after_s)
-            if kind == "error":
-                raise RuntimeError(f"{where}: handler error (injected)")
-            time.sleep(p.straggle_s if kind == "straggler" else p.stall_s)
-        return self.inner(layer, x_ND, ids_NK, w_NK)
-
-
 def parse_fault(text: str) -> FaultPlan:
     """``KIND:RATE[:SEED[:SECONDS]]`` (e.g. ``crash:0.05``) -> a plan for
     :class:`FaultyExperts`; SECONDS sets how long a timeout, straggler or stall waits."""
@@ -265,7 +230,7 @@ class FaultyStore(ObjectStore):
         super().__init__()
         self.inner, self.plan = inner, plan
         self.url = inner.url
-        self._dice = _Dice(plan.rate if plan.kind in STORE_FAULTS else 0.0, plan.seed + 7)
+        self._dice = Dice(plan.rate if plan.kind in STORE_FAULTS else 0.0, plan.seed + 7)
 
     @property
     def injected(self) -> int:

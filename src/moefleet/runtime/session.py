@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from moefleet.errors import MoefleetError
+from moefleet.experts.remote import RemoteExperts
 from moefleet.models.base import MoEModelAdapter
 from moefleet.plan import DeploymentPlan
 from moefleet.platform import ObjectStore, PlatformSpec
 from moefleet.runtime.base import FunctionBackend, create_backend, validate_spec
 from moefleet.runtime.deploy import Deployment, deploy_plan, install, remove_objects
 from moefleet.runtime.executor import BatchResult, Executor
-from moefleet.runtime.remote_experts import RemoteExperts
 from moefleet.runtime.runner import Batch, run_workload
 
 log = logging.getLogger(__name__)

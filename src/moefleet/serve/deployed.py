@@ -29,15 +29,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from moefleet.compose.build import build_engine
 from moefleet.engine import Engine
-from moefleet.engine.build import build_engine
 from moefleet.errors import MoefleetError
+from moefleet.experts.remote import RemoteExperts
 from moefleet.models.base import MoEModelAdapter
 from moefleet.plan import DeploymentPlan
 from moefleet.platform import ObjectStore, PlatformSpec, load_platform
 from moefleet.runtime.base import FunctionBackend
 from moefleet.runtime.deploy import Deployment
-from moefleet.runtime.remote_experts import RemoteExperts
 from moefleet.runtime.session import Session, deployed_backend, open_deployment
 from moefleet.serve.cost import InvocationBiller, MainPricing
 

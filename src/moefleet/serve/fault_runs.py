@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moefleet.engine import Engine, EngineError, SamplingParams
+from moefleet.experts.faults import FaultyExperts
 from moefleet.runtime.fault_runs import FaultRun
-from moefleet.runtime.faults import FaultPlan, FaultyExperts
+from moefleet.runtime.faults import FaultPlan
 from moefleet.runtime.retry import POLICIES
 from moefleet.serve.bench import sse_events
 

@@ -21,7 +21,7 @@ Kernel = Literal["auto", "loop", "stacked"]
 KERNELS: tuple[Kernel, ...] = ("auto", "loop", "stacked")
 
 
-def local_experts(adapter: MoEModelAdapter, kernel: Kernel = "auto") -> ExpertFn:
+def in_process_experts(adapter: MoEModelAdapter, kernel: Kernel = "auto") -> ExpertFn:
     """Every routed expert of ``adapter`` in this process, computed with ``kernel``.
 
     ``auto``: the stacked kernel on a GPU (one launch instead of one per expert) and

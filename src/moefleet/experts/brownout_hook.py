@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from moefleet.brownout.control import BrownoutControl
-from moefleet.brownout.routing import BrownoutExperts
 from moefleet.engine.request import RequestOutput
 from moefleet.engine.scheduler import SchedulerOutput
+from moefleet.experts.brownout import BrownoutExperts
+from moefleet.experts.brownout_control import BrownoutControl
 
 
 class SALCHook:

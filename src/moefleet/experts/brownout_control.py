@@ -17,8 +17,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from moefleet.brownout.routing import MODES, BrownoutError, BrownoutExperts
+from moefleet.brownout.groups import MODES, BrownoutError
 from moefleet.brownout.salc import SALC, LatencySnapshot, SALCDecision, SALCPairState
+from moefleet.experts.brownout import BrownoutExperts
 
 _FLOAT_KEYS = {"slo-ttft": "slo_ttft_s", "slo-tpot": "slo_tpot_s", "warning": "warning",
                "increment": "increment", "shrink": "shrink", "window": "window_s",

@@ -1,137 +1,42 @@
-"""Brownout routing (BrownoutServe Alg. 1, as READING-NOTES reads it) around any ExpertFn.
+"""Brownout routing around any ExpertFn (seam 1): BrownoutServe's united experts.
 
 Shape legend: N tokens, K experts per token, D hidden size, E experts in the layer,
 G groups (united experts) in the layer, P routed (token, expert) pairs.
 
-Per MoE layer and call (one engine step):
-
-1. count the routed pairs of every expert; sort experts by count, descending (ties by
-   index, so the plan is deterministic);
-2. S1 = the shortest prefix whose cumulative count reaches ``threshold * total``: those
-   experts run as themselves (``threshold = 1`` keeps all: zero brownout);
-3. the rest (S2): **full** brownout drops their pairs; **partial** brownout sends them to
-   their group's united expert, except that a group in which only one S2 expert has
-   tokens runs that expert itself (the special case: no access is saved, so the exact
-   expert is used).
-
-A pair keeps its gate weight wherever it goes (eqs. 5-7): a token whose two chosen
-experts share a group gets that group's united output once, weighted by the sum of the
-two gate weights. Shared experts are not routed and never pass through here (adapters
-add them in ``post_moe``), so brownout leaves them untouched on every family.
+Each call plans the layer with :func:`moefleet.brownout.groups.plan_layer` and sends each
+routed pair where the plan says: the inner ExpertFn (S1 and special experts), the
+group's united expert (partial brownout), or nowhere (full brownout). A pair keeps its
+gate weight wherever it goes (eqs. 5-7): a token whose two chosen experts share a group
+gets that group's united output once, weighted by the sum of the two gate weights.
+Shared experts are not routed and never pass through here (adapters add them in
+``post_moe``), so brownout leaves them untouched on every family.
 
 Invariant (tested): at ``threshold = 1`` the wrapper returns exactly ``inner``'s output.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from moefleet.errors import MoefleetError
+from moefleet.brownout.groups import (
+    MODES,
+    BrownoutError,
+    BrownoutPlan,
+    Grouping,
+    check_threshold,
+    plan_layer,
+)
+from moefleet.experts.kernels import grouped_matmul
 from moefleet.models.base import ExpertFn, combine_experts
 from moefleet.models.experts import GatedExpert
-from moefleet.models.local_experts import grouped_matmul
 
 if TYPE_CHECKING:
     from moefleet.brownout.united import UnitedExperts
-
-Mode = Literal["partial", "full"]
-MODES: tuple[str, ...] = ("partial", "full")
-# Relative slack on "cumulative count reaches threshold * total": 0.6 * 20 must be 12.
-_EPS = 1e-9
-
-
-class BrownoutError(MoefleetError):
-    """A brownout setting (ways, threshold, mode, united experts, SLO) that cannot work."""
-
-
-def check_threshold(threshold: float) -> float:
-    if not isinstance(threshold, int | float) or not math.isfinite(threshold) or not (
-        0.0 <= threshold <= 1.0
-    ):
-        raise BrownoutError(
-            f"brownout threshold {threshold!r} is outside [0, 1]",
-            "use 1 for zero brownout, 0 to send every pair outside S1 to united experts",
-        )
-    return float(threshold)
-
-
-def check_ways(ways: int, num_experts: int) -> int:
-    if isinstance(ways, bool) or not isinstance(ways, int) or not 2 <= ways <= num_experts:
-        raise BrownoutError(
-            f"united-expert ways={ways!r} is not in [2, {num_experts}]",
-            f"group at least 2 and at most the layer's {num_experts} experts",
-        )
-    return ways
-
-
-@dataclass(frozen=True)
-class Grouping:
-    """Groups of experts per MoE layer; every expert of a layer is in exactly one group."""
-
-    ways: int
-    kind: str
-    groups: Mapping[int, tuple[tuple[int, ...], ...]]
-
-    def group_of(self, layer: int) -> list[int]:
-        """group index of every expert of ``layer`` (list indexed by expert)."""
-        members = self.groups[layer]
-        out = [-1] * sum(len(g) for g in members)
-        for g, experts in enumerate(members):
-            for e in experts:
-                out[e] = g
-        return out
-
-
-def index_groups(num_experts: int, ways: int) -> tuple[tuple[int, ...], ...]:
-    """The paper's grouping: ceil(E / ways) groups of consecutive expert indices."""
-    check_ways(ways, num_experts)
-    return tuple(tuple(range(s, min(s + ways, num_experts))) for s in range(0, num_experts, ways))
-
-
-@dataclass(frozen=True)
-class LayerPlan:
-    """Where each expert's pairs go in one layer call (experts without pairs omitted)."""
-
-    original: tuple[int, ...]  # S1, in the order they were chosen
-    united: Mapping[int, tuple[int, ...]]  # group -> its S2 members with pairs (>= 2)
-    special: tuple[int, ...]  # S2 experts alone in their group: run as themselves
-    dropped: tuple[int, ...]  # S2 experts whose pairs are dropped (full brownout)
-
-
-def plan_layer(
-    counts_E: Sequence[int], threshold: float, group_of_E: Sequence[int], mode: str
-) -> LayerPlan:
-    """Alg. 1's split of one layer's experts (see the module docstring)."""
-    check_threshold(threshold)
-    if mode not in MODES:
-        raise BrownoutError(f"brownout mode {mode!r} is unknown", f"use one of {MODES}")
-    counts = [int(c) for c in counts_E]
-    total = sum(counts)
-    order = sorted(range(len(counts)), key=lambda e: (-counts[e], e))
-    need = threshold * total
-    s1: list[int] = []
-    cum = 0
-    for e in order:
-        if cum >= need - _EPS * max(total, 1) or counts[e] == 0:
-            break
-        s1.append(e)
-        cum += counts[e]
-    chosen = set(s1)
-    s2 = [e for e in order if counts[e] > 0 and e not in chosen]
-    if mode == "full":
-        return LayerPlan(tuple(s1), {}, (), tuple(sorted(s2)))
-    by_group: dict[int, list[int]] = {}
-    for e in s2:
-        by_group.setdefault(group_of_E[e], []).append(e)
-    united = {g: tuple(sorted(m)) for g, m in sorted(by_group.items()) if len(m) > 1}
-    special = tuple(sorted(m[0] for m in by_group.values() if len(m) == 1))
-    return LayerPlan(tuple(s1), united, special, ())
 
 
 @dataclass
@@ -144,7 +49,7 @@ class BrownoutStats:
     original_pairs: int = 0
     united_pairs: int = 0
     dropped_pairs: int = 0
-    last_plan: dict[int, LayerPlan] = field(default_factory=dict)
+    last_plan: dict[int, BrownoutPlan] = field(default_factory=dict)
 
 
 class BrownoutExperts:
@@ -219,7 +124,7 @@ class BrownoutExperts:
             busy = int((counts_E > 0).sum())
             st.original_accesses += busy
             st.original_pairs += int(ids_NK.numel())
-            st.last_plan[layer] = LayerPlan(tuple(range(num_experts)), {}, (), ())
+            st.last_plan[layer] = BrownoutPlan(tuple(range(num_experts)), {}, (), ())
             return self.inner(layer, x_ND, ids_NK, w_NK)
         plan = plan_layer(counts_E.tolist(), self._threshold, group_of, self.mode)
         st.last_plan[layer] = plan

@@ -1,4 +1,6 @@
-"""BrownoutServe inside the engine: one call from a model to a brownout engine.
+"""Building engines (transitional: the composition root, ``open_engine``, replaces these).
+
+BrownoutServe inside the engine: one call from a model to a brownout engine.
 
     engine, experts, hook = brownout_engine(adapter, ways=8, threshold=0.4)
     engine, experts, hook = brownout_engine(adapter, ways=8, salc=SALC(0.5, 0.1))
@@ -15,16 +17,36 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from moefleet.brownout.control import BrownoutControl
 from moefleet.brownout.distill import DistillConfig, distill
-from moefleet.brownout.hook import SALCHook
-from moefleet.brownout.routing import BrownoutExperts, Grouping, index_groups
+from moefleet.brownout.groups import Grouping, index_groups
 from moefleet.brownout.salc import SALC
 from moefleet.brownout.united import UnitedExperts
 from moefleet.engine import Engine
-from moefleet.engine.build import build_engine, resolve_device
+from moefleet.engine.build import check_engine_args, resolve_device
+from moefleet.engine.runner import LocalRunner
+from moefleet.experts.brownout import BrownoutExperts
+from moefleet.experts.brownout_control import BrownoutControl
+from moefleet.experts.brownout_hook import SALCHook
+from moefleet.experts.kernels import Kernel, in_process_experts
+from moefleet.experts.retry import RetryingExperts
 from moefleet.models.base import ExpertFn, MoEModelAdapter
-from moefleet.models.local_experts import Kernel, local_experts
+from moefleet.runtime.retry import POLICIES
+
+
+def build_engine(adapter: MoEModelAdapter, *, device: str = "cpu", kernel: Kernel = "auto",
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
+                 kv_budget_bytes: int | None = None, experts: ExpertFn | None = None,
+                 **engine_kw: Any) -> Engine:
+    """An engine over ``adapter``: experts in process with ``kernel``, or through
+    ``experts`` (any ExpertFn: brownout routing, remote functions ...)."""
+    dev = check_engine_args(device, max_num_seqs, max_num_batched_tokens)
+    if dev.type != "cpu":
+        adapter.model.to(dev)
+    stack = RetryingExperts(experts or in_process_experts(adapter, kernel), POLICIES["engine"])
+    runner = LocalRunner(adapter, experts=stack,
+                         kv_budget_bytes=kv_budget_bytes, max_num_seqs=max_num_seqs)
+    return Engine(runner, tokenizer=adapter.tokenizer, max_num_seqs=max_num_seqs,
+                  max_num_batched_tokens=max_num_batched_tokens, **engine_kw)
 
 
 def brownout_engine(adapter: MoEModelAdapter, *, ways: int | None, grouping: str = "index",
@@ -39,7 +61,7 @@ def brownout_engine(adapter: MoEModelAdapter, *, ways: int | None, grouping: str
     if dev.type != "cpu":
         adapter.model.to(dev)
     engine_kw["device"] = device
-    inner = local_experts(adapter, kernel)
+    inner = in_process_experts(adapter, kernel)
     outer = wrap or (lambda fn: fn)  # e.g. a profiler around whatever the engine calls
     if ways is None:
         return build_engine(adapter, experts=outer(inner), **engine_kw), None, None
