@@ -38,7 +38,7 @@ from torch import nn
 
 from moefleet.models.kv import KVCache, KVCacheError, KVLayout, LayoutProbe, StepCacheView
 from moefleet.models.shape import ModelShape
-from moefleet.models.step import StepInput, StepOutput
+from moefleet.models.step import StepInput, StepOutput, run_layers
 
 # expert_fn(layer, x_ND, ids_NK, weights_NK) -> y_ND: the weighted sum of the chosen
 # experts' outputs for every token (no residual, no shared expert).
@@ -242,34 +242,28 @@ class MoEModelAdapter(ABC):
         prefill (the step's valid mask is the attention mask)."""
         return self.begin(step.input_ids_BT, step.valid_BT.long())
 
+    def moe(self, layer: int, x_BTD: torch.Tensor, step: StepInput, experts: ExpertFn,
+            counts: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The routed-expert part of MoE block ``layer``: route the step's real tokens, call
+        ``experts`` on them and return their combined output ``[B, T, D]`` (0 at padding).
+        Records the per-expert token counts of the layer in ``counts[layer]``."""
+        valid_N = step.valid_BT.reshape(-1)
+        x_ND = x_BTD.reshape(-1, x_BTD.shape[-1])
+        all_valid = bool(valid_N.all())
+        xv_ND = x_ND if all_valid else x_ND[valid_N]  # padding never reaches experts
+        ids_NK, w_NK = self.route(layer, xv_ND)
+        counts[layer] = torch.bincount(ids_NK.reshape(-1),
+                                       minlength=self.num_experts(layer)).cpu()
+        yv_ND = experts(layer, xv_ND, ids_NK, w_NK)
+        if all_valid:
+            return yv_ND.reshape(x_BTD.shape)
+        y_ND = torch.zeros_like(x_ND)
+        y_ND[valid_N] = yv_ND.to(y_ND.dtype)
+        return y_ND.reshape(x_BTD.shape)
+
     def _layers(self, step: StepInput, h_BTD: torch.Tensor, ctx: ForwardContext,
                 expert_fn: ExpertFn | None, counts: dict[int, torch.Tensor]) -> torch.Tensor:
-        fn = expert_fn or self.local_expert_fn()
-        moe = set(self.moe_layers)
-        valid_N = step.valid_BT.reshape(-1)
-        all_valid = bool(valid_N.all())
-        for layer in range(self.num_layers):
-            residual_BTD, x_BTD = self.pre_moe(layer, h_BTD, ctx)
-            routed_BTD = None
-            if layer in moe:
-                x_ND = x_BTD.reshape(-1, x_BTD.shape[-1])
-                xv_ND = x_ND if all_valid else x_ND[valid_N]  # padding never reaches experts
-                ids_NK, w_NK = self.route(layer, xv_ND)
-                counts[layer] = torch.bincount(ids_NK.reshape(-1),
-                                               minlength=self.num_experts(layer)).cpu()
-                yv_ND = fn(layer, xv_ND, ids_NK, w_NK)
-                if all_valid:
-                    routed_BTD = yv_ND.reshape(x_BTD.shape)
-                else:
-                    y_ND = torch.zeros_like(x_ND)
-                    y_ND[valid_N] = yv_ND.to(y_ND.dtype)
-                    routed_BTD = y_ND.reshape(x_BTD.shape)
-            h_BTD = self.post_moe(layer, residual_BTD, x_BTD, routed_BTD)
-        if step.logits == "last":
-            # the head only where sampling needs it: each row's last real token
-            last_B = step.valid_BT.sum(dim=1) - 1
-            h_BTD = h_BTD[torch.arange(h_BTD.shape[0], device=h_BTD.device), last_B][:, None]
-        return self.finish(h_BTD, ctx)
+        return run_layers(self, step, h_BTD, ctx, expert_fn or self.local_expert_fn(), counts)
 
     def kv_layout(self) -> KVLayout:
         """What one token caches per layer, learnt from a one-token probe forward."""

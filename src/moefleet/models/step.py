@@ -1,5 +1,11 @@
 """A step: some sequences, each advancing by a few tokens (a prefill chunk or one decode
-token) against the KV cache. ``adapter.forward_step`` is the only layer loop.
+token) against the KV cache, and :func:`run_layers`, the only layer loop.
+
+The loop drives a :class:`LayerStack`: every model adapter is one (its blocks run in this
+process), and so is the segment runner's view of a deployment whose blocks run in segment
+functions (``moefleet.runtime.segments``). What a stack passes between its own methods
+(``h``, ``residual``, ``x``) is its business: tensors for an adapter, handles to remote
+activations for segment functions; the loop only hands them on.
 
 Shape legend: B rows (sequences), T new tokens per row (right-padded), V vocabulary,
 E experts of a layer.
@@ -9,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -84,3 +90,38 @@ class StepOutput:
     last_logits_BV: torch.Tensor
     all_logits: list[torch.Tensor | None]
     expert_counts: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class LayerStack(Protocol):
+    """What :func:`run_layers` drives: ``num_layers`` blocks, the MoE ones routed."""
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def moe_layers(self) -> list[int]: ...
+
+    def pre_moe(self, layer: int, h: Any, ctx: Any) -> tuple[Any, Any]: ...
+
+    def moe(self, layer: int, x: Any, step: StepInput, experts: Any,
+            counts: dict[int, torch.Tensor]) -> Any: ...
+
+    def post_moe(self, layer: int, residual: Any, x: Any, routed: Any) -> Any: ...
+
+    def finish(self, h: Any, ctx: Any) -> torch.Tensor: ...
+
+
+def run_layers(stack: LayerStack, step: StepInput, h: Any, ctx: Any, experts: Any,
+               counts: dict[int, torch.Tensor]) -> torch.Tensor:
+    """The layer loop: ``pre_moe -> moe (MoE blocks only) -> post_moe`` for every block,
+    then the head (``finish``). With ``step.logits == "last"`` the head runs only at each
+    row's last real token (what sampling needs); ``h`` is then a tensor ``[B, T, D]``."""
+    moe = set(stack.moe_layers)
+    for layer in range(stack.num_layers):
+        residual, x = stack.pre_moe(layer, h, ctx)
+        routed = stack.moe(layer, x, step, experts, counts) if layer in moe else None
+        h = stack.post_moe(layer, residual, x, routed)
+    if step.logits == "last":
+        last_B = step.valid_BT.sum(dim=1) - 1
+        h = h[torch.arange(h.shape[0], device=h.device), last_B][:, None]
+    return stack.finish(h, ctx)
