@@ -69,7 +69,7 @@ def activation(adapter: Any, prompts: list[list[int]], new_tokens: int
     """Measured routing frequencies s_LE of the requests, and the monolithic greedy tokens."""
     from moefleet.engine.engine import Engine
     from moefleet.engine.request import SamplingParams
-    from moefleet.engine.runner import LocalRunner
+    from moefleet.engine.runner import InProcessRunner
     from moefleet.experts.kernels import in_process_experts
 
     inner = in_process_experts(adapter)
@@ -81,7 +81,7 @@ def activation(adapter: Any, prompts: list[list[int]], new_tokens: int
                                                    minlength=counts.shape[1])
         return inner(layer, x_ND, ids_NK, w_NK)
 
-    outs = Engine(LocalRunner(adapter, experts=counting), eos_token_id=None).generate(
+    outs = Engine(InProcessRunner(adapter, experts=counting), eos_token_id=None).generate(
         prompts, SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True))
     return counts / counts.sum(axis=1, keepdims=True), [o.new_token_ids for o in outs]
 

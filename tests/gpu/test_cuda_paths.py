@@ -17,13 +17,13 @@ import torch
 from moefleet.brownout.groups import Grouping, index_groups
 from moefleet.brownout.united import UnitedExperts
 from moefleet.compose.build import build_engine
-from moefleet.engine import Engine, LocalRunner, SamplingParams
+from moefleet.engine import Engine, InProcessRunner, SamplingParams
 from moefleet.experts.brownout import BrownoutExperts
 from moefleet.experts.kernels import in_process_experts
 from moefleet.experts.split import held_experts, split_experts
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import small_mixtral, tiny_model
-from moefleet.remoe.main_model import place_non_experts
+from moefleet.runtime.main_model import place_non_experts
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -117,11 +117,11 @@ def test_remoe_split_layer_loop_on_cuda_with_experts_on_the_cpu() -> None:
         return inner(layer, x_ND, ids_NK, w_NK)
 
     split = split_experts(inner, remote, is_local, expert_device="cpu")
-    got = _tokens(Engine(LocalRunner(adapter, experts=split)))
+    got = _tokens(Engine(InProcessRunner(adapter, experts=split)))
     assert adapter.device.type == "cuda"
     assert seen and {d.type for d in seen} == {"cpu"}
     assert got == want
 
 
-def _runner(adapter: Any) -> LocalRunner:
-    return LocalRunner(adapter, experts=in_process_experts(adapter))
+def _runner(adapter: Any) -> InProcessRunner:
+    return InProcessRunner(adapter, experts=in_process_experts(adapter))

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from moefleet.engine import Engine, EngineError, LocalRunner, SamplingParams
+from moefleet.engine import Engine, EngineError, InProcessRunner, SamplingParams
 from moefleet.experts.kernels import in_process_experts
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
@@ -41,7 +41,7 @@ def test_greedy_equals_hf_generate_with_chunks_and_preemption(model: Any, kernel
     per_token = adapter.kv_layout().bytes_per_token
     # 10 blocks of 4 tokens: too few for all four requests at once -> preemption;
     # a 16-token budget chunks the 20-token prompt
-    runner = LocalRunner(adapter, experts=in_process_experts(adapter, kernel),  # type: ignore[arg-type]
+    runner = InProcessRunner(adapter, experts=in_process_experts(adapter, kernel),  # type: ignore[arg-type]
                          kv_budget_bytes=per_token * 4 * 10,
                          block_size=4)
     engine = Engine(runner, max_num_batched_tokens=16)
@@ -155,5 +155,5 @@ def test_step_hooks_see_every_step_before_and_after() -> None:
                     ("before", False, 1), ("after", False, 1)]
 
 
-def _runner(adapter: Any) -> LocalRunner:
-    return LocalRunner(adapter, experts=in_process_experts(adapter))
+def _runner(adapter: Any) -> InProcessRunner:
+    return InProcessRunner(adapter, experts=in_process_experts(adapter))

@@ -11,7 +11,7 @@ import pytest
 
 from moefleet.engine.engine import Engine
 from moefleet.engine.request import SamplingParams
-from moefleet.engine.runner import LocalRunner
+from moefleet.engine.runner import InProcessRunner
 from moefleet.experts.kernels import in_process_experts
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
@@ -61,5 +61,5 @@ def test_remoe_deployment_generates_the_monolithic_models_greedy_tokens(
     assert summary["ttft_s"]["median"] > 0 and summary["tpot_s"]["median"] > 0
 
 
-def _runner(adapter: Any) -> LocalRunner:
-    return LocalRunner(adapter, experts=in_process_experts(adapter))
+def _runner(adapter: Any) -> InProcessRunner:
+    return InProcessRunner(adapter, experts=in_process_experts(adapter))

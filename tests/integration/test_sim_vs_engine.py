@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from moefleet.engine import Engine, LocalRunner, SamplingParams
+from moefleet.engine import Engine, InProcessRunner, SamplingParams
 from moefleet.engine.replay import replay
 from moefleet.experts.kernels import in_process_experts
 from moefleet.models.hf import HFMoEAdapter
@@ -51,5 +51,5 @@ def test_simulated_ttft_and_tpot_match_the_engine_within_20_percent() -> None:
     assert abs(sim_tpot / real_tpot - 1) <= 0.20, (sim_tpot, real_tpot)
 
 
-def _runner(adapter: Any) -> LocalRunner:
-    return LocalRunner(adapter, experts=in_process_experts(adapter))
+def _runner(adapter: Any) -> InProcessRunner:
+    return InProcessRunner(adapter, experts=in_process_experts(adapter))

@@ -6,7 +6,7 @@ from typing import Any
 
 from moefleet.brownout.groups import Grouping, index_groups
 from moefleet.brownout.salc import SALC
-from moefleet.engine import Engine, LocalRunner, SamplingParams
+from moefleet.engine import Engine, InProcessRunner, SamplingParams
 from moefleet.experts.brownout import BrownoutExperts
 from moefleet.experts.brownout_control import BrownoutControl
 from moefleet.experts.brownout_hook import SALCHook
@@ -21,7 +21,7 @@ def _engine(threshold: float, salc: SALC | None = None):
                                      for layer in adapter.moe_layers})
     experts = BrownoutExperts(adapter.local_expert_fn(), grouping, threshold, "full")
     hook = SALCHook(BrownoutControl(salc, experts)) if salc else None
-    runner = LocalRunner(adapter, experts=experts)
+    runner = InProcessRunner(adapter, experts=experts)
     return Engine(runner, hooks=[hook] if hook else None), experts, hook
 
 
@@ -48,5 +48,5 @@ def test_salc_hook_lowers_the_threshold_when_latency_breaks_the_slo() -> None:
     assert experts.stats.dropped_pairs > 0  # full brownout dropped rare experts' pairs
 
 
-def _runner(adapter: Any) -> LocalRunner:
-    return LocalRunner(adapter, experts=in_process_experts(adapter))
+def _runner(adapter: Any) -> InProcessRunner:
+    return InProcessRunner(adapter, experts=in_process_experts(adapter))

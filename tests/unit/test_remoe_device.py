@@ -11,7 +11,7 @@ import torch
 from moefleet.experts.split import SplitExperts, held_experts
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import small_mixtral
-from moefleet.remoe.main_model import DeviceError, gpu_label, main_device, place_non_experts
+from moefleet.runtime.main_model import DeviceError, gpu_label, main_device, place_non_experts
 
 
 @pytest.mark.parametrize(("gpu_gb", "cuda", "requested", "want"), [

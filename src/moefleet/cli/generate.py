@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import sys
-import time
 from typing import Annotated
 
 import typer
 
 from moefleet.cli.common import emit_json, err_console, out_console, progress, user_errors
+from moefleet.cli.deployment import (
+    BackendOpt,
+    BrownoutOpt,
+    FaultsOpt,
+    KernelOpt,
+    PlanOpt,
+    StoreOpt,
+    WorkersOpt,
+    open_cli_engine,
+    parse,
+)
 from moefleet.errors import MoefleetError
 
 MAX_PROMPTS = 10_000
@@ -27,20 +37,26 @@ def generate_cmd(
     seed: Annotated[int | None, typer.Option(help="per-request seed for sampling")] = None,
     ignore_eos: Annotated[bool, typer.Option(help="generate max-tokens whatever")] = False,
     stream: Annotated[bool, typer.Option(help="print text as it is generated")] = False,
-    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N")] = "cpu",
-    kernel: Annotated[str, typer.Option(help="expert kernel: auto, stacked or loop")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N")] = "cpu",
+    kernel: KernelOpt = "auto",
     max_num_seqs: Annotated[int, typer.Option(help="sequences per step")] = 64,
+    plan: PlanOpt = None,
+    backend: BackendOpt = "local",
+    store: StoreOpt = None,
+    workers: WorkersOpt = None,
+    brownout: BrownoutOpt = None,
+    inject_faults: FaultsOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="print JSON on stdout")] = False,
 ) -> None:
-    """Generate text with continuous batching; --json adds TTFT/TPOT/throughput.
+    """Generate text with continuous batching; --json adds TTFT/TPOT/throughput and the bill.
+
+    Any deployment: --plan (ODS/BO or Remoe), --brownout, --inject-faults, on any --backend.
 
     Example: moefleet generate -m tiny-moe-lm --prompt "The castle was" --stream
     """
     with user_errors():
-        from moefleet.compose.build import build_engine
-        from moefleet.engine import SamplingParams, merge_into
-        from moefleet.engine.build import check_engine_args, summarize
-        from moefleet.engine.request import RequestOutput
+        from moefleet.engine import SamplingParams
+        from moefleet.engine.build import summarize
 
         if (prompt is None) == (dataset is None):
             raise MoefleetError("give exactly one of --prompt and --dataset",
@@ -48,41 +64,33 @@ def generate_cmd(
         if not 1 <= num_prompts <= MAX_PROMPTS:
             raise MoefleetError(f"--num-prompts must be in [1, {MAX_PROMPTS}], got "
                                 f"{num_prompts}", "generate in several runs")
-        check_engine_args(device, max_num_seqs)  # before the model loads
-        if kernel not in ("auto", "stacked", "loop"):
-            raise MoefleetError(f"unknown --kernel {kernel!r}", "use auto, stacked or loop")
+        args = parse(plan=plan, backend=backend, store=store, workers=workers,
+                     brownout=brownout, inject_faults=inject_faults, device=device,
+                     kernel=kernel, max_num_seqs=max_num_seqs)  # before the model loads
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 top_k=top_k, seed=seed, ignore_eos=ignore_eos)
         texts = _prompts(prompt, dataset, num_prompts)
+        from moefleet.compose.run import run_billed
         from moefleet.models.registry import load_adapter
 
         adapter = load_adapter(model)
-        engine = build_engine(adapter, device=device, kernel=kernel,  # type: ignore[arg-type]
-                              max_num_seqs=max_num_seqs)
-        ids = [engine.add_request(t, params) for t in texts]
-        merged = {r: RequestOutput(r, [], "", False) for r in ids}
         console = out_console(json_out)
-        live_stream = stream and len(ids) == 1 and not json_out
-        t0 = time.perf_counter()
-        with progress() as bar:
-            task = bar.add_task("generating", total=len(ids)) if not live_stream else None
-            while engine.has_unfinished:
-                for o in engine.step():
-                    merge_into(merged[o.request_id], o)
-                    if live_stream:
-                        sys.stdout.write(o.new_text)
-                        sys.stdout.flush()
-                    if o.finished and task is not None:
-                        bar.advance(task)
-        wall = time.perf_counter() - t0
-        outs = [merged[r] for r in ids]
+        live_stream = stream and len(texts) == 1 and not json_out
+        with open_cli_engine(adapter, args, model_ref=model) as opened:
+            for note in opened.notes:
+                err_console.print(f"note: {note}", highlight=False)
+            run = run_billed(opened, texts, params, stream=sys.stdout if live_stream else None,
+                             progress=progress)
+        outs, wall = run.outputs, run.wall_s
         summary = summarize(outs, wall)
         if json_out:
-            emit_json({"model": adapter.name, "device": device, "kernel": kernel,
+            emit_json({"model": adapter.name, "device": opened.device, "kernel": kernel,
+                       "plan": plan, "notes": opened.notes,
                        "outputs": [{"prompt": t, "text": o.new_text, "token_ids":
-                                    o.new_token_ids, "finish_reason": o.finish_reason}
-                                   for t, o in zip(texts, outs, strict=True)],
-                       "metrics": summary.to_dict()})
+                                    o.new_token_ids, "finish_reason": o.finish_reason,
+                                    "cost_usd": c.total}
+                                   for t, o, c in zip(texts, outs, run.costs, strict=True)],
+                       "metrics": summary.to_dict(), "cost_usd": run.total_usd})
             return
         if live_stream:
             sys.stdout.write("\n")
@@ -94,6 +102,7 @@ def generate_cmd(
             f"({summary.output_tokens_per_s:.1f} tok/s); TTFT p50 "
             f"{summary.ttft_p50_s * 1e3:.1f} ms, TPOT p50 {summary.tpot_p50_s * 1e3:.1f} ms",
             highlight=False)
+        err_console.print(f"billed ${run.total_usd:.3g} ({run.basis})", highlight=False)
 
 
 def _prompts(prompt: str | None, dataset: str | None, n: int) -> list[str]:

@@ -63,7 +63,7 @@ def _deploy(plan_path: Path, backend: str, store_url: str, json_mode: bool):
     from moefleet.cli.models import load_with_progress
     from moefleet.plan import DeploymentPlan
     from moefleet.platform import load_platform, open_store
-    from moefleet.runtime.session import deploy
+    from moefleet.runtime.lifecycle import deploy
 
     _check_backend(backend)
     plan = DeploymentPlan.load(plan_path)
@@ -196,8 +196,9 @@ def _run(deployment: Path | None, plan: Path | None, dataset: str, tokens: int,
     from moefleet.plan import DeploymentPlan
     from moefleet.platform import load_platform, open_store
     from moefleet.runtime.deploy import Deployment
-    from moefleet.runtime.runner import make_batches
-    from moefleet.runtime.session import run_plan
+    from moefleet.compose import StackOptions, open_engine
+    from moefleet.compose.score import score, score_options
+    from moefleet.traces.profile import tokenize_prompts
 
     source: Deployment | DeploymentPlan
     if deployment is not None:
@@ -219,17 +220,15 @@ def _run(deployment: Path | None, plan: Path | None, dataset: str, tokens: int,
     if main_plan.main is not None:  # Remoe: the engine runs inside the main function
         return _run_remoe(source, adapter, platform, store, prompts, tokens, batch_size,
                           max_length, backend_name, workers, check, dataset)
-    batches = make_batches(adapter, [p.request_id for p in prompts],
-                           [p.text for p in prompts], max_tokens=tokens,
-                           max_length=max_length, batch_size=batch_size)
+    kept = tokenize_prompts(adapter, [p.text for p in prompts], max_tokens=tokens,
+                            max_length=max_length)
+    scored = [(prompts[i].request_id, ids) for i, ids in kept]
     options: dict[str, Any] = {} if workers is None else {"workers": workers}
-    with progress() as bar:
-        task = bar.add_task(f"running {model} on {backend_name}", total=len(batches))
-        summary = run_plan(
-            source, batches, platform=platform, store=store, adapter=adapter,
-            backend=backend_name, backend_options=options,
-            reference=adapter if check else None,
-            progress=lambda done, total: bar.update(task, completed=done, total=total))
+    with open_engine(adapter, plan=source, stack=StackOptions(), backend=backend_name,
+                     store=store, platform=platform, backend_options=options,
+                     options=score_options(batch_size, max_length), model_ref=model) as opened:
+        summary = score(opened, scored, reference=adapter if check else None,
+                        progress=progress)
     summary["dataset"] = dataset
     return summary
 
@@ -270,7 +269,7 @@ def _print_remoe(s: dict[str, Any]) -> None:
 
 
 def _print_summary(s: dict[str, Any]) -> None:
-    if "cold_start" in s:
+    if s.get("kind") == "remoe-main":
         _print_remoe(s)
         return
     con = out_console(False)
@@ -279,7 +278,7 @@ def _print_summary(s: dict[str, Any]) -> None:
         table.add_column(col, justify="right")
     for row in s["layers"]:
         table.add_row(str(row["layer"]), row["method"], str(row["beta"]),
-                      f"{row['moe_latency_s'] * 1e3:.1f}", str(row["invocations"]),
+                      f"{row.get('moe_latency_s', 0.0) * 1e3:.1f}", str(row["invocations"]),
                       str(row["cold_starts"]), f"{row['cost_usd']:.3g}")
     con.print(table)
     cost = s["cost_usd"]

@@ -7,8 +7,18 @@ from typing import Annotated, Any
 
 import typer
 
-from moefleet import limits as L
 from moefleet.cli.common import err_console, user_errors
+from moefleet.cli.deployment import (
+    BackendOpt,
+    BrownoutOpt,
+    FaultsOpt,
+    KernelOpt,
+    PlanOpt,
+    StoreOpt,
+    WorkersOpt,
+    open_cli_engine,
+    parse,
+)
 from moefleet.errors import MissingExtraError, MoefleetError
 
 MAX_WAITING_LIMIT = 1_000_000
@@ -37,28 +47,16 @@ def serve_cmd(
                         ] = None,
     slo_tpot: Annotated[float | None, typer.Option(help="TPOT SLO in seconds (metrics)")
                         ] = None,
-    plan: Annotated[str | None, typer.Option(
-        help="deployment plan YAML: the experts run in its functions on --backend, each "
-             "request is billed from its invocations")] = None,
-    backend: Annotated[str, typer.Option(help="function backend with --plan: local|ray|aws")
-                       ] = "local",
-    store: Annotated[str | None, typer.Option(
-        help="object store with --plan: a directory or s3://bucket/prefix (default: a "
-             "temporary directory, removed at exit)")] = None,
-    workers: Annotated[int | None, typer.Option(
-        help="local backend: worker processes (default: the machine's cores)")] = None,
-    brownout: Annotated[str | None, typer.Option(
-        help="BrownoutServe: ways=8,slo-ttft=S,slo-tpot=S[,mode=partial|full,warning=,"
-             "increment=,shrink=,window=,interval=] (SALC sets the threshold each step)")
-                        ] = None,
+    plan: PlanOpt = None,
+    backend: BackendOpt = "local",
+    store: StoreOpt = None,
+    workers: WorkersOpt = None,
+    brownout: BrownoutOpt = None,
+    kernel: KernelOpt = "auto",
     step_timeout: Annotated[float, typer.Option(
         help="watchdog: a model step running longer than this makes /health and the "
              "requests waiting on it answer 503 (seconds)")] = 120.0,
-    inject_faults: Annotated[str | None, typer.Option(
-        help="resilience testing (emulated faults): KIND:RATE[:SEED[:SECONDS]], KIND one "
-             "of crash, timeout, throttle, straggler, stall, error; RATE = fraction of "
-             "expert calls; SECONDS = how long a timeout/straggler/stall waits")
-                             ] = None,
+    inject_faults: FaultsOpt = None,
 ) -> None:
     """Serve a model over HTTP: /v1/completions, /v1/chat/completions, /metrics, ...
 
@@ -71,17 +69,6 @@ def serve_cmd(
             from moefleet.serve import create_app
         except ImportError as err:
             raise MissingExtraError(err.name or "fastapi", "serve") from None
-        if plan is None and (store is not None or workers is not None):
-            raise MoefleetError("--store and --workers only apply with --plan",
-                                "add --plan plan.yaml, or drop them")
-        if plan is not None and brownout is not None:
-            raise MoefleetError("--brownout and --plan cannot be combined yet",
-                                "drop one of them")
-        if workers is not None and not 1 <= workers <= L.MAX_WORKERS:
-            raise MoefleetError(f"--workers must be in [1, {L.MAX_WORKERS}], got {workers}",
-                                "e.g. --workers 2")
-        if store is not None and not store.strip():
-            raise MoefleetError("--store is empty", "name a directory or s3://bucket/prefix")
         if not 0 <= port <= 65535:
             raise MoefleetError(f"--port must be in [0, 65535], got {port}", "e.g. --port 8000")
         if not 1 <= max_waiting <= MAX_WAITING_LIMIT:
@@ -97,118 +84,50 @@ def serve_cmd(
         if not 0 < step_timeout <= 86_400:  # also refuses nan
             raise MoefleetError(f"--step-timeout must be in (0, 86400] seconds, got "
                                 f"{step_timeout}", "e.g. --step-timeout 120")
-        faults = None
-        if inject_faults is not None:
-            from moefleet.runtime.faults import parse_fault
-
-            faults = parse_fault(inject_faults)
-            if brownout is not None or plan is not None:
-                raise MoefleetError("--inject-faults cannot be combined with --brownout or "
-                                    "--plan", "drop one of them")
+        args = parse(plan=plan, backend=backend, store=store, workers=workers,
+                     brownout=brownout, inject_faults=inject_faults, device=device,
+                     kernel=kernel, max_num_seqs=max_num_seqs)  # before the model loads
+        if args.brownout is not None and args.brownout.controlled:
+            slo_ttft = slo_ttft if slo_ttft is not None else args.brownout.slo_ttft_s
+            slo_tpot = slo_tpot if slo_tpot is not None else args.brownout.slo_tpot_s
         key = api_key or os.environ.get("MOEFLEET_API_KEY") or None
-        from moefleet.compose.build import build_engine
-        from moefleet.engine.build import check_engine_args
-
-        check_engine_args(device, max_num_seqs)  # before the model loads
+        from moefleet.compose import Billing
         from moefleet.models.registry import load_adapter
 
-        spec = None
-        if brownout is not None:
-            from moefleet.experts.brownout_control import parse_brownout_spec
-
-            spec = parse_brownout_spec(brownout)  # before loading: bad specs fail fast
-            slo_ttft = slo_ttft if slo_ttft is not None else spec.slo_ttft_s
-            slo_tpot = slo_tpot if slo_tpot is not None else spec.slo_tpot_s
-        the_plan = None
-        if plan is not None:
-            from moefleet.plan import DeploymentPlan
-            from moefleet.runtime.base import backend_names
-
-            if backend not in backend_names():
-                raise MoefleetError(f"unknown backend {backend!r}",
-                                    f"available backends: {', '.join(backend_names())}")
-            the_plan = DeploymentPlan.load(plan)  # before loading: a bad plan fails fast
-            if the_plan.main is not None:
-                from moefleet.remoe.main_model import main_device
-
-                main_device(the_plan.main.gpu_gb, device)
         adapter = load_adapter(model)
-        experts = None
-        if the_plan is not None:
-            from moefleet.serve.deployed import check_plan_model
-
-            check_plan_model(the_plan, adapter, model)
-        if spec is not None:
-            from moefleet.compose.build import brownout_engine
-
-            engine, experts, _ = brownout_engine(adapter, ways=spec.ways, mode=spec.mode,
-                                                 salc=spec.salc(), device=device,
-                                                 max_num_seqs=max_num_seqs)
-        elif the_plan is None and faults is not None:
-            from moefleet.experts.faults import FaultyExperts
-            from moefleet.experts.kernels import in_process_experts
-
-            engine = build_engine(adapter, device=device, max_num_seqs=max_num_seqs,
-                                  experts=FaultyExperts(in_process_experts(adapter), faults))
-            err_console.print(f"injecting {faults.kind} faults into {faults.rate:.0%} of "
-                              "expert calls (emulated)", highlight=False)
-        elif the_plan is None:
-            engine = build_engine(adapter, device=device, max_num_seqs=max_num_seqs)
         name = served_name or (adapter.name if os.path.isdir(os.path.expanduser(model))
                                else model)
         app_kw = {"model_name": name, "api_key": key, "max_waiting": max_waiting,
-                  "max_body_bytes": max_body_kb * 1024, "platform": platform,
-                  "memory_mb": memory_mb, "slo_ttft_s": slo_ttft, "slo_tpot_s": slo_tpot,
-                  "step_timeout_s": step_timeout}
-        if the_plan is not None:
-            _serve_plan(the_plan, adapter, model, backend, store, workers, device,
-                        max_num_seqs, host, port, app_kw)
-            return
-        app = create_app(engine, **app_kw)  # type: ignore[arg-type]
-        if experts is not None:
-            from moefleet.experts.brownout_hook import ThresholdReport
-
-            gauge = app.state.serve.metrics.controller
-            engine.hooks.append(ThresholdReport(experts, lambda kind, th: gauge.labels(
-                name, f"brownout_threshold_{kind}").set(th)))
-        err_console.print(f"serving {name!r} on http://{host}:{port} (API key "
-                          f"{'required' if key else 'off'}); Ctrl-C stops", highlight=False)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+                  "max_body_bytes": max_body_kb * 1024, "slo_ttft_s": slo_ttft,
+                  "slo_tpot_s": slo_tpot, "step_timeout_s": step_timeout}
+        served = False
+        try:
+            with open_cli_engine(adapter, args, model_ref=model,
+                                 billing=Billing(platform, memory_mb)) as opened:
+                app = create_app(opened, **app_kw)  # type: ignore[arg-type]
+                served = True
+                for note in opened.notes:
+                    err_console.print(f"note: {note}", highlight=False)
+                err_console.print(_banner(args, opened, name, host, port, key), highlight=False)
+                uvicorn.run(app, host=host, port=port, log_level="warning")
+        finally:  # uvicorn re-raises SIGTERM/SIGINT after its shutdown; the with-block ran
+            if served and args.plan is not None:
+                err_console.print("stopped; deployment torn down", highlight=False)
 
 
-def _serve_plan(plan: Any, adapter: Any, model: str, backend: str, store: str | None,
-                workers: int | None, device: str, max_num_seqs: int, host: str, port: int,
-                app_kw: dict[str, Any]) -> None:
-    """Deploy, serve until stopped (Ctrl-C / SIGTERM), tear down what was deployed."""
-    import tempfile
-
-    import uvicorn
-
-    from moefleet.platform import open_store
-    from moefleet.serve import create_app
-    from moefleet.serve.deployed import deployed_engine
-
-    options: dict[str, Any] = {} if workers is None else {"workers": workers}
-    served = False
-    try:
-        with tempfile.TemporaryDirectory(prefix="moefleet-serve-store-") as tmp, \
-                deployed_engine(plan, adapter, store=open_store(store or tmp),
-                                backend=backend, model_ref=model, backend_options=options,
-                                device=device, max_num_seqs=max_num_seqs) as d:
-            app = create_app(d.engine, biller=d.biller, **app_kw)
-            served = True
-            n = d.functions
-            role = ""
-            if plan.main is not None:
-                gpu = d.biller.main.gpu if d.biller.main is not None else "none"
-                role = (f"; this process is the main function (non-experts on {d.device}, "
-                        f"GPU {gpu})")
-            err_console.print(
-                f"deployed {plan.model} as {n} functions on {backend} ({plan.platform}){role}; "
-                f"serving {app_kw['model_name']!r} on http://{host}:{port} (API key "
-                f"{'required' if app_kw['api_key'] else 'off'}); Ctrl-C stops and tears "
-                "down", highlight=False)
-            uvicorn.run(app, host=host, port=port, log_level="warning")
-    finally:  # uvicorn re-raises SIGTERM/SIGINT after its shutdown; the with-block ran
-        if served:
-            err_console.print("stopped; deployment torn down", highlight=False)
+def _banner(args: Any, opened: Any, name: str, host: str, port: int, key: str | None) -> str:
+    """One line saying what runs where."""
+    auth = f"API key {'required' if key else 'off'}"
+    if args.plan is None:
+        return f"serving {name!r} on http://{host}:{port} ({auth}); Ctrl-C stops"
+    plan = args.plan
+    functions = sum(1 for f in opened.deployment.functions
+                    if opened.backend is not None and f.name in opened.backend.functions())
+    role = ""
+    if plan.main is not None:
+        gpu = opened.biller.main.gpu if opened.biller.main is not None else "none"
+        role = (f"; this process is the main function (non-experts on {opened.device}, "
+                f"GPU {gpu})")
+    return (f"deployed {plan.model} as {functions} functions on {args.backend} "
+            f"({plan.platform}){role}; serving {name!r} on http://{host}:{port} ({auth}); "
+            "Ctrl-C stops and tears down")

@@ -11,7 +11,7 @@ from moefleet.engine.request import (
     SamplingParams,
     TokenLogprob,
 )
-from moefleet.engine.runner import LocalRunner, ModelRunner, RunnerOutput
+from moefleet.engine.runner import InProcessRunner, ModelRunner, RunnerOutput
 from moefleet.engine.scheduler import (
     ScheduledSeq,
     Scheduler,
@@ -20,7 +20,7 @@ from moefleet.engine.scheduler import (
 )
 
 __all__ = [
-    "Engine", "EngineError", "EngineStats", "LocalRunner", "ModelRunner", "RequestOutput",
+    "Engine", "EngineError", "EngineStats", "InProcessRunner", "ModelRunner", "RequestOutput",
     "RequestTimes", "RunnerOutput", "SamplingParams", "ScheduledSeq", "Scheduler",
     "SchedulerConfig", "SchedulerOutput", "StepHook", "StepStats", "TokenLogprob", "merge_into",
 ]

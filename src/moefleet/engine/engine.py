@@ -46,6 +46,7 @@ from moefleet.engine.request import (
 from moefleet.engine.runner import ModelRunner, StepFailedError
 from moefleet.engine.sampler import Sampler, prompt_top_logprobs
 from moefleet.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from moefleet.engine.stops import token_stop
 
 Clock = Callable[[], float]
 
@@ -100,6 +101,7 @@ class _Live:
     sent_prompt_logprobs: bool = False
     prompt_lps: list[float | None] = field(default_factory=list)
     prompt_tops: list[dict[int, float] | None] = field(default_factory=list)
+    prompt_outputs: list[torch.Tensor] = field(default_factory=list)  # prefill-only chunks
 
 
 class Engine:
@@ -151,8 +153,7 @@ class Engine:
         return rid
 
     def _vocab(self) -> int:
-        adapter = getattr(self.runner, "adapter", None)
-        return adapter.vocab_size if adapter is not None else 1 << 31
+        return self.runner.vocab_size
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its cache; False if it is not running."""
@@ -195,8 +196,15 @@ class Engine:
             return self._fail_step(sched, err)
         seqs = self.scheduler.seqs
         for seq_id, logits_TV in res.prompt_logits.items():
-            self._prompt_logprobs(seqs[seq_id], next(r for r in sched.rows
-                                                     if r.seq_id == seq_id).start, logits_TV)
+            seq = seqs[seq_id]
+            start = next(r.start for r in sched.rows if r.seq_id == seq_id)
+            if seq.params.prefill_only:
+                chunks = self._live[seq.request_id].prompt_outputs
+                if start == 0:  # a preempted prompt is computed again from its start
+                    chunks.clear()
+                chunks.append(logits_TV)
+            if seq.params.prompt_logprobs:
+                self._prompt_logprobs(seq, start, logits_TV)
         tokens: list[int] = []
         lps: list = []
         if res.sample_logits_BV is not None:
@@ -206,10 +214,13 @@ class Engine:
             except (RuntimeError, ValueError) as err:  # e.g. NaN logits: fail these requests,
                 return self._fail_step(sched, StepFailedError(res.sample_ids, err))  # not all
         sampled = dict(zip(res.sample_ids, tokens, strict=True))
-        done = {s.seq_id for s in self.scheduler.update(sched, sampled)}
+        self.scheduler.update(sched, sampled)
         now = self.clock()
-        outputs = [self._emit(seqs[s], tok, lp, now, s in done)
+        outputs = [self._emit(seqs[s], tok, lp, now)
                    for s, tok, lp in zip(res.sample_ids, tokens, lps, strict=True)]
+        outputs += [self._emit_prefilled(seqs[r.seq_id], now) for r in sched.rows
+                    if r.seq_id in seqs and seqs[r.seq_id].params.prefill_only
+                    and seqs[r.seq_id].num_computed >= len(seqs[r.seq_id].prompt_ids)]
         for hook in self.hooks:
             hook.after_step(outputs, now)
         self.stats.generation_tokens += len(tokens)
@@ -253,39 +264,53 @@ class Engine:
             live.prompt_lps.extend(lps)
             live.prompt_tops.extend(tops)
 
-    def _emit(self, seq: Sequence, token: int, lp, now: float, done: bool) -> RequestOutput:
+    def _emit(self, seq: Sequence, token: int, lp, now: float) -> RequestOutput:
         live = self._live[seq.request_id]
         t = live.times
         if t.first_token is None:
             t.first_token = now
         t.token_times.append(now)
-        reason = "length" if done and len(seq.output_ids) >= seq.params.max_tokens else (
-            "stop" if done else None)
-        if not seq.params.ignore_eos and self.eos is not None and token == self.eos:
-            done, reason = True, "stop"
+        reason = token_stop(seq.params, token, len(seq.output_ids), self.eos)
         text = ""
         if live.detok is not None:
-            text, hit = live.detok.add(token, seq.params.stop, final=done)
+            text, hit = live.detok.add(token, seq.params.stop, final=reason is not None)
             if hit:
-                done, reason = True, "stop"
+                reason = "stop"
                 text = live.detok.flush_before_stop()
-        out = RequestOutput(seq.request_id, [token], text, done, reason,
+        out = RequestOutput(seq.request_id, [token], text, reason is not None, reason,
                             [lp] if lp is not None else None, times=t,
                             num_prompt_tokens=len(seq.prompt_ids),
                             num_output_tokens=len(seq.output_ids))
+        self._attach_prompt(live, seq, out)
+        if reason is not None:
+            self._finish(seq, reason, now)
+        return out
+
+    def _emit_prefilled(self, seq: Sequence, now: float) -> RequestOutput:
+        """The one output of a prefill-only request, once its whole prompt is computed."""
+        live = self._live[seq.request_id]
+        live.times.first_token = now
+        out = RequestOutput(seq.request_id, [], "", True, "length", times=live.times,
+                            num_prompt_tokens=len(seq.prompt_ids),
+                            prompt_outputs=torch.cat(live.prompt_outputs))
+        self._attach_prompt(live, seq, out)
+        self._finish(seq, "length", now)
+        return out
+
+    def _attach_prompt(self, live: _Live, seq: Sequence, out: RequestOutput) -> None:
         if not live.sent_prompt_logprobs:
             live.sent_prompt_logprobs = True
             out.prompt_token_ids = list(seq.prompt_ids)
             if seq.params.prompt_logprobs:
                 out.prompt_logprobs = live.prompt_lps
                 out.prompt_top_logprobs = live.prompt_tops
-        if done:
-            t.finished = now
-            self.scheduler.finish(seq.seq_id, reason or "stop")
-            self.runner.free([seq.seq_id])
-            self.sampler.forget(seq.seq_id)
-            del self._live[seq.request_id]
-        return out
+
+    def _finish(self, seq: Sequence, reason: str, now: float) -> None:
+        self._live[seq.request_id].times.finished = now
+        self.scheduler.finish(seq.seq_id, reason)
+        self.runner.free([seq.seq_id])
+        self.sampler.forget(seq.seq_id)
+        del self._live[seq.request_id]
 
     # -- convenience ---------------------------------------------------------------
     def generate(self, prompts: Iterable[str | list[int]],
@@ -318,6 +343,8 @@ def merge_into(acc: RequestOutput, delta: RequestOutput) -> None:
         acc.prompt_top_logprobs = delta.prompt_top_logprobs
     if delta.prompt_token_ids is not None:
         acc.prompt_token_ids = delta.prompt_token_ids
+    if delta.prompt_outputs is not None:
+        acc.prompt_outputs = delta.prompt_outputs
     acc.finished, acc.finish_reason = delta.finished, delta.finish_reason
     acc.times = delta.times or acc.times
     acc.num_prompt_tokens = delta.num_prompt_tokens

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
+import torch
+
 from moefleet.errors import MoefleetError
 
 
@@ -29,6 +31,9 @@ class SamplingParams:
     ``prompt_logprobs`` returns the log-probability of every prompt token (echo), with
     the ``logprobs`` most likely alternatives at each prompt position;
     ``ignore_eos`` keeps generating past end-of-sequence (benchmarks with fixed lengths).
+    ``max_tokens`` 0 asks for the prompt alone (scoring, loglikelihood, embeddings): no
+    token is sampled, and the request's one output carries ``prompt_outputs``, the model's
+    output at every prompt position.
     """
 
     max_tokens: int = 16
@@ -44,9 +49,9 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) \
-                or self.max_tokens < 1:
-            raise EngineError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}",
-                              "ask for at least one token")
+                or self.max_tokens < 0:
+            raise EngineError(f"max_tokens must be an integer >= 0, got {self.max_tokens!r}",
+                              "ask for 0 (the prompt only) or more tokens")
         if not isinstance(self.temperature, int | float) or not math.isfinite(self.temperature) \
                 or self.temperature < 0:
             raise EngineError(f"temperature must be a finite number >= 0, got "
@@ -71,6 +76,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def prefill_only(self) -> bool:
+        return self.max_tokens == 0
 
 
 class Status(Enum):
@@ -161,7 +170,9 @@ class RequestOutput:
     log-probability of the ``logprobs`` most likely tokens at each prompt position).
     ``times`` is the request's live clock record (complete, with ``finished``, on the
     final delta). A request the engine could not finish ends with
-    ``finish_reason="error"`` and ``error`` saying why."""
+    ``finish_reason="error"`` and ``error`` saying why. ``prompt_outputs`` (prefill-only
+    requests, ``max_tokens`` 0): the model's output at every prompt position, ``[T, V]``
+    logits of a language model or ``[T, D]`` hidden states of an encoder."""
 
     request_id: str
     new_token_ids: list[int]
@@ -176,3 +187,4 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     error: str | None = None
+    prompt_outputs: torch.Tensor | None = None

@@ -7,7 +7,7 @@ engine samples from, plus per-expert token counts and how long the forward took.
 Failures: the expert stack the runner is given retries transient expert failures itself
 (:mod:`moefleet.experts.retry`, outermost in every stack the composition root builds). When
 the retries run out, or the error is not transient, or anything else in the forward raises,
-:meth:`LocalRunner.execute` raises :class:`StepFailedError` naming every sequence of the step;
+:meth:`InProcessRunner.execute` raises :class:`StepFailedError` naming every sequence of the step;
 the engine fails
 exactly those requests (see ``engine.py``) and frees their cache, so a step whose first
 forward committed and whose second failed leaves no half-advanced sequence behind.
@@ -18,6 +18,7 @@ Shape legend: B rows, V vocabulary, T tokens of a row.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,7 +26,7 @@ import torch
 
 from moefleet.engine.request import EngineError
 from moefleet.engine.scheduler import SchedulerOutput
-from moefleet.models.base import ExpertFn, MoEModelAdapter
+from moefleet.models.base import MoEModelAdapter
 from moefleet.models.kv import KVCache
 from moefleet.models.step import StepInput
 
@@ -52,22 +53,39 @@ class StepFailedError(EngineError):
         self.cause = cause
 
 
+class StepExperts(Protocol):
+    """What a runner calls the routed experts through (seam 1; ``moefleet.experts`` builds
+    it): an ExpertFn that is told, before each forward, whose each token row is."""
+
+    def __call__(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
+                 w_NK: torch.Tensor) -> torch.Tensor: ...
+
+    def set_owners(self, owners_N: Sequence[str] | None) -> None: ...
+
+
 class ModelRunner(Protocol):
+    """Seam 2: where a step's layer loop runs. ``vocab_size`` bounds the token ids a
+    request may carry; ``max_model_len`` a sequence's length; the cache's blocks
+    (``num_cache_blocks`` of ``block_size`` tokens) bound what the scheduler admits."""
+
     num_cache_blocks: int
     block_size: int
     max_model_len: int
+
+    @property
+    def vocab_size(self) -> int: ...
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput: ...
 
     def free(self, seq_ids: list[int]) -> None: ...
 
 
-class LocalRunner:
+class InProcessRunner:
     """Runs ``adapter.forward_step`` in this process; experts through ``experts`` (the
-    expert stack the composition root built). The cache takes ``kv_budget_bytes`` (default: room for
-    ``max_num_seqs`` full-length sequences, at most 2 GiB)."""
+    expert stack the composition root built). The cache takes ``kv_budget_bytes``
+    (default: room for ``max_num_seqs`` full-length sequences, at most 2 GiB)."""
 
-    def __init__(self, adapter: MoEModelAdapter, *, experts: ExpertFn,
+    def __init__(self, adapter: MoEModelAdapter, *, experts: StepExperts,
                  kv_budget_bytes: int | None = None,
                  block_size: int = 16, max_num_seqs: int = 64,
                  max_model_len: int | None = None) -> None:
@@ -77,10 +95,6 @@ class LocalRunner:
                 "generate with a decoder model, e.g. tiny-moe-lm")
         self.adapter = adapter
         self.experts = experts
-        # An ExpertFn that attributes work (RemoteExperts) learns whose each token row is:
-        # the owners are sequence ids (str), in the order rows reach the ExpertFn (a
-        # retried call keeps them: the rows are the same).
-        self._set_owners = getattr(experts, "set_owners", None)
         context = int(getattr(getattr(adapter.model, "config", None),
                               "max_position_embeddings", 2048) or 2048)
         self.max_model_len = min(max_model_len or context, context)
@@ -91,6 +105,10 @@ class LocalRunner:
         self.cache = KVCache.from_budget(layout, kv_budget_bytes, block_size, adapter.device)
         self.num_cache_blocks = self.cache.num_blocks
         self.block_size = block_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.adapter.vocab_size
 
     def free(self, seq_ids: list[int]) -> None:
         for s in seq_ids:
@@ -118,8 +136,9 @@ class LocalRunner:
                 [r.seq_id for r in sub], [r.token_ids for r in sub], [r.start for r in sub],
                 logits="all" if want_all else "last", all_rows=want_all,
                 device=self.adapter.device)
-            if self._set_owners is not None:  # remote experts bill each token's sequence
-                self._set_owners([str(r.seq_id) for r in sub for _ in r.token_ids])
+            # remote experts bill each token row's sequence: owners are sequence ids, in
+            # the order the rows reach the experts (a retried call keeps them)
+            self.experts.set_owners([str(r.seq_id) for r in sub for _ in r.token_ids])
             t0 = time.perf_counter()
             try:
                 res = self.adapter.forward_step(step, self.cache, self.experts)

@@ -57,7 +57,7 @@ class ScheduledSeq:
     token_ids: list[int]
     start: int
     sample: bool  # the chunk reaches the sequence's end: a token is sampled after it
-    prompt_logprobs: bool  # the runner returns logits at every position of the chunk
+    prompt_logprobs: bool  # the runner returns its output at every position of the chunk
     prefill: bool = False  # the chunk computes prompt tokens (a first pass or a recompute)
 
 
@@ -158,9 +158,12 @@ class Scheduler:
         seq.blocks += need
         start = seq.num_computed
         ids = seq.token_ids[start: start + tokens]
-        want_prompt = seq.params.prompt_logprobs and not seq.prompt_logprobs_done
-        return ScheduledSeq(seq.seq_id, ids, start, start + tokens == seq.num_tokens,
-                            want_prompt, start < len(seq.prompt_ids) or tokens > 1)
+        p = seq.params
+        # prefill-only requests return the model's output at every prompt position
+        want_all = p.prefill_only or (p.prompt_logprobs and not seq.prompt_logprobs_done)
+        sample = start + tokens == seq.num_tokens and not p.prefill_only
+        return ScheduledSeq(seq.seq_id, ids, start, sample, want_all,
+                            start < len(seq.prompt_ids) or tokens > 1)
 
     def schedule(self) -> SchedulerOutput:
         cfg = self.config
@@ -195,11 +198,9 @@ class Scheduler:
             budget -= n
         return out
 
-    def update(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
-        """Advance the step's sequences; append sampled tokens. Returns the sequences that
-        reached a stop condition the scheduler can see (length, EOS, stop ids); the
-        caller finishes them (and any it stops for other reasons) with :meth:`finish`."""
-        done: list[Sequence] = []
+    def update(self, out: SchedulerOutput, sampled: dict[int, int]) -> None:
+        """Advance the step's sequences and append their sampled tokens. Whether a request
+        stops is decided by the caller (``engine.stops``), who ends it with :meth:`finish`."""
         for row in out.rows:
             seq = self.seqs.get(row.seq_id)
             if seq is None:  # aborted while the step ran
@@ -207,11 +208,5 @@ class Scheduler:
             seq.num_computed += len(row.token_ids)
             if row.prompt_logprobs and seq.num_computed >= len(seq.prompt_ids):
                 seq.prompt_logprobs_done = True
-            if not row.sample:
-                continue
-            token = sampled[row.seq_id]
-            seq.output_ids.append(token)
-            p = seq.params
-            if len(seq.output_ids) >= p.max_tokens or token in p.stop_token_ids:
-                done.append(seq)
-        return done
+            if row.sample:
+                seq.output_ids.append(sampled[row.seq_id])

@@ -32,6 +32,7 @@ from moefleet.brownout.groups import (
     plan_layer,
 )
 from moefleet.experts.kernels import grouped_matmul
+from moefleet.experts.stack import ExpertStack, as_stack
 from moefleet.models.base import ExpertFn, combine_experts
 from moefleet.models.experts import GatedExpert
 
@@ -52,7 +53,7 @@ class BrownoutStats:
     last_plan: dict[int, BrownoutPlan] = field(default_factory=dict)
 
 
-class BrownoutExperts:
+class BrownoutExperts(ExpertStack):
     """An ExpertFn applying brownout routing around ``inner`` (the original experts).
 
     ``groups`` is a :class:`Grouping` (enough for full brownout) or a
@@ -66,7 +67,7 @@ class BrownoutExperts:
 
     def __init__(
         self,
-        inner: ExpertFn,
+        inner: ExpertStack | ExpertFn,
         groups: Grouping | UnitedExperts,
         threshold: float,
         mode: str = "partial",
@@ -74,7 +75,9 @@ class BrownoutExperts:
     ) -> None:
         if mode not in MODES:
             raise BrownoutError(f"brownout mode {mode!r} is unknown", f"use one of {MODES}")
-        self.inner = inner
+        self.inner = as_stack(inner)
+        self.inners = (self.inner,)
+        self._owners: list[str] | None = None
         self.mode = mode
         if isinstance(groups, Grouping):
             self.grouping, self.united = groups, None
@@ -93,6 +96,20 @@ class BrownoutExperts:
         self._stacked: dict[int, tuple[torch.Tensor, torch.Tensor, Any] | None] = {}
         self._threshold = check_threshold(threshold)
         self.stats = BrownoutStats()
+
+    def set_owners(self, owners_N: Sequence[str] | None) -> None:
+        # kept: the inner sees a subset of rows (one per kept pair), told per call
+        self._owners = None if owners_N is None else list(owners_N)
+        self.inner.set_owners(owners_N)
+
+    def _call_inner(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
+                    w_NK: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """``inner`` on ``rows`` of this call's token rows (None: all of them), told
+        whose each row is first."""
+        if self._owners is not None:
+            owners = self._owners
+            self.inner.set_owners(owners if rows is None else [owners[i] for i in rows.tolist()])
+        return self.inner(layer, x_ND, ids_NK, w_NK)
 
     @property
     def threshold(self) -> float:
@@ -125,7 +142,7 @@ class BrownoutExperts:
             st.original_accesses += busy
             st.original_pairs += int(ids_NK.numel())
             st.last_plan[layer] = BrownoutPlan(tuple(range(num_experts)), {}, (), ())
-            return self.inner(layer, x_ND, ids_NK, w_NK)
+            return self._call_inner(layer, x_ND, ids_NK, w_NK, None)
         plan = plan_layer(counts_E.tolist(), self._threshold, group_of, self.mode)
         st.last_plan[layer] = plan
         dev = ids_NK.device
@@ -140,9 +157,9 @@ class BrownoutExperts:
         if orig_P.numel():
             tok_P = orig_P // k
             # One row per kept pair (K = 1): the inner sees only pairs that stay original.
-            out_PD = self.inner(
+            out_PD = self._call_inner(
                 layer, x_ND[tok_P], ids_NK.reshape(-1)[orig_P, None],
-                w_NK.reshape(-1)[orig_P, None],
+                w_NK.reshape(-1)[orig_P, None], tok_P,
             )
             y_ND.index_add_(0, tok_P, out_PD.to(y_ND.dtype))
         uni_P = torch.nonzero(to_united[ids_NK].reshape(-1)).flatten()

@@ -3,12 +3,13 @@
 :class:`BrownoutControl` is the one stateful piece: it keeps recent TTFT / TPOT samples
 (pruned to the controllers' window), runs the pure :class:`~moefleet.brownout.salc.SALC`
 before every engine step and sets the step's threshold on a
-:class:`~moefleet.brownout.routing.BrownoutExperts`. Time always comes from the caller
+:class:`~moefleet.experts.brownout.BrownoutExperts`. Time always comes from the caller
 (``now``), so a fake clock drives it in tests and the simulator.
 
-:func:`parse_brownout_spec` reads ``ways=8,slo-ttft=0.25,slo-tpot=0.15[,mode=full,
-warning=0.8,increment=0.1,shrink=0.8,window=5,interval=1]`` (seconds), as ``moefleet
-serve --brownout`` will take it.
+:func:`parse_brownout_spec` reads ``ways=8,threshold=0.4[,mode=full]`` (a fixed
+threshold) or ``ways=8,slo-ttft=0.25,slo-tpot=0.15[,mode=full,warning=0.8,increment=0.1,
+shrink=0.8,window=5,interval=1]`` (SALC; seconds), as ``moefleet serve --brownout`` and
+``generate --brownout`` take it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from moefleet.brownout.groups import MODES, BrownoutError
+from moefleet.brownout.groups import MODES, BrownoutError, check_threshold
 from moefleet.brownout.salc import SALC, LatencySnapshot, SALCDecision, SALCPairState
 from moefleet.experts.brownout import BrownoutExperts
 
@@ -28,18 +29,30 @@ _FLOAT_KEYS = {"slo-ttft": "slo_ttft_s", "slo-tpot": "slo_tpot_s", "warning": "w
 
 @dataclass(frozen=True)
 class BrownoutSpec:
+    """Brownout as asked for: ``ways`` experts per united expert, and either a fixed
+    ``threshold`` (SLOs None) or SLOs that SALC controls the threshold by (``threshold``
+    is then where it starts: 1, zero brownout)."""
+
     ways: int
-    slo_ttft_s: float
-    slo_tpot_s: float
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
     mode: str = "partial"
+    threshold: float = 1.0
     warning: float = 0.8
     increment: float = 0.1
     shrink: float = 0.8
     window_s: float = 5.0
     interval_s: float = 1.0
 
+    @property
+    def controlled(self) -> bool:
+        """SALC sets the threshold (both SLOs given), rather than a fixed one."""
+        return self.slo_ttft_s is not None and self.slo_tpot_s is not None
+
     def salc(self) -> SALC:
         """The controllers (validates every number: SLOs > 0, ratios in range)."""
+        if self.slo_ttft_s is None or self.slo_tpot_s is None:
+            raise BrownoutError("SALC needs both SLOs", "give slo-ttft= and slo-tpot=")
         return SALC(self.slo_ttft_s, self.slo_tpot_s, warning=self.warning,
                     increment=self.increment, shrink=self.shrink, window_s=self.window_s,
                     interval_s=self.interval_s)
@@ -62,6 +75,12 @@ def parse_brownout_spec(text: str) -> BrownoutSpec:
             if raw not in MODES:
                 raise BrownoutError(f"--brownout mode={raw!r} is unknown", f"use one of {MODES}")
             values["mode"] = raw
+        elif key == "threshold":
+            try:
+                values["threshold"] = check_threshold(float(raw))
+            except ValueError:
+                raise BrownoutError(f"--brownout threshold={raw!r} is not a number",
+                                    "use a number in [0, 1], e.g. threshold=0.4") from None
         elif key in _FLOAT_KEYS:
             try:
                 values[_FLOAT_KEYS[key]] = float(raw)
@@ -70,15 +89,18 @@ def parse_brownout_spec(text: str) -> BrownoutSpec:
                                     "give seconds, e.g. slo-ttft=0.25") from None
         else:
             raise BrownoutError(f"--brownout key {key!r} is unknown",
-                                f"keys: ways, mode, {', '.join(_FLOAT_KEYS)}")
-    missing = [k for k in ("ways", "slo_ttft_s", "slo_tpot_s") if k not in values]
-    if missing:
-        raise BrownoutError(f"--brownout {text!r} lacks {', '.join(missing)}",
-                            "write e.g. ways=8,slo-ttft=0.25,slo-tpot=0.15")
+                                f"keys: ways, mode, threshold, {', '.join(_FLOAT_KEYS)}")
+    slos = [k for k in ("slo_ttft_s", "slo_tpot_s") if k in values]
+    if "ways" not in values or ("threshold" in values) == (len(slos) == 2) or len(slos) == 1:
+        raise BrownoutError(f"--brownout {text!r} needs ways= and either threshold= (fixed) "
+                            "or both slo-ttft= and slo-tpot= (SALC)",
+                            "write e.g. ways=8,threshold=0.4 or ways=8,slo-ttft=0.25,"
+                            "slo-tpot=0.15")
     spec = BrownoutSpec(**values)  # type: ignore[arg-type]
     if spec.ways < 2:
         raise BrownoutError(f"--brownout ways={spec.ways} is below 2", "use 2 or more")
-    spec.salc()  # range checks, with messages naming the value
+    if spec.controlled:
+        spec.salc()  # range checks, with messages naming the value
     return spec
 
 

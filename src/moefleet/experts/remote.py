@@ -30,6 +30,7 @@ import itertools
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
@@ -37,6 +38,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from moefleet.experts.stack import ExpertStack
 from moefleet.platform import InvocationRecord, ObjectStore
 from moefleet.runtime import scatter, transfer
 from moefleet.runtime.base import InvokeResult
@@ -71,7 +73,7 @@ class LayerCalls:
     seconds: float = 0.0  # wall time inside __call__
 
 
-class RemoteExperts:
+class RemoteExperts(ExpertStack):
     """See the module docstring. Thread-compatible: one forward at a time per instance."""
 
     def __init__(self, deployment: Deployment, invoker: Invoker, store: ObjectStore | None,
@@ -89,6 +91,9 @@ class RemoteExperts:
         self._records: list[Attribution] = []
         self._owners: np.ndarray | None = None
         self.stats: dict[int, LayerCalls] = {}
+        # direct shares over the payload limit sent as extra invocations (a plan whose
+        # predictions undercounted an expert)
+        self.oversize_splits = 0
         # per MoE layer: replicas of the function holding each expert, and its method
         self._replicas: dict[int, list[int]] = {}
         self._method: dict[int, tuple[str, int]] = {}
@@ -108,7 +113,7 @@ class RemoteExperts:
                 self._replica_of[g.layer] = replica_of
 
     # -- bookkeeping ---------------------------------------------------------------------
-    def set_owners(self, owners_N: list[str] | None) -> None:
+    def set_owners(self, owners_N: Sequence[str] | None) -> None:
         """Request id of each token row of the following calls (None: one owner)."""
         self._owners = None if owners_N is None else np.asarray(owners_N, dtype=object)
 
@@ -191,18 +196,30 @@ class RemoteExperts:
         # Slice on this thread: pool threads only move bytes (torch ops from many threads
         # each start an OpenMP team, which starves a small machine).
         jobs = []
+        limit = self.invoker.max_inline_bytes
+        row_bytes = x_ND.shape[1] * x_ND.element_size() + w_NK.element_size()
         for (fn, _), members in groups.items():
-            xs, ws = zip(*(scatter.share_inputs(s, x_ND, w_NK) for s in members), strict=True)
-            tokens = np.concatenate([s.tokens_n for s in members])
-            body = pack({"x": torch.cat(xs), "w": torch.cat(ws)},
-                        encode(ExpertDirect(tuple((s.expert, s.size) for s in members))))
-            if len(body) > self.invoker.max_inline_bytes:
-                raise PayloadTooLargeError(
-                    f"layer {layer}: {fn} would get {len(body)} bytes of tokens, over the "
-                    f"{self.invoker.max_inline_bytes}-byte payload limit (method 'direct')",
-                    f"give layer {layer}'s expert functions more replicas, send smaller "
-                    "batches, or use method 'storage' or 'pipelined'")
-            jobs.append((fn, body, members, self._shares_of(tokens, x_ND.shape[0])))
+            body = self._direct_body(members, x_ND, w_NK)
+            if len(body) > limit:
+                # A plan sizes direct shares from predicted counts; when the real count is
+                # larger, each piece goes in its own (billed) invocation of the same
+                # replica instead of failing the step, as a client of a real platform would.
+                pieces = [piece for s in members
+                          for piece, _, _ in scatter.fit_payload(s, row_bytes, limit)]
+                self.oversize_splits += len(pieces) - 1
+                batches = [[piece] for piece in pieces]
+            else:
+                batches = [members]
+            for batch in batches:
+                if batch is not members:
+                    body = self._direct_body(batch, x_ND, w_NK)
+                    if len(body) > limit:
+                        raise PayloadTooLargeError(
+                            f"layer {layer}: {fn} would get {len(body)} bytes for one token "
+                            f"row, over the {limit}-byte payload limit (method 'direct')",
+                            "use method 'storage' or 'pipelined' for this layer")
+                tokens = np.concatenate([m.tokens_n for m in batch])
+                jobs.append((fn, body, batch, self._shares_of(tokens, x_ND.shape[0])))
         self.stats.setdefault(layer, LayerCalls()).invocations += len(jobs)
 
         def one(job: tuple[str, bytes, list[scatter.Share], dict[str, float]]) -> bytes:
@@ -218,6 +235,42 @@ class RemoteExperts:
                 parts.append((s, y[start:start + s.size]))
                 start += s.size
         return parts
+
+    @staticmethod
+    def _direct_body(members: list[scatter.Share], x_ND: torch.Tensor,
+                     w_NK: torch.Tensor) -> bytes:
+        """One invocation's packet: the members' rows back to back, one run per expert."""
+        xs, ws = zip(*(scatter.share_inputs(s, x_ND, w_NK) for s in members), strict=True)
+        return pack({"x": torch.cat(xs), "w": torch.cat(ws)},
+                    encode(ExpertDirect(tuple((s.expert, s.size) for s in members))))
+
+    def run_staged(self, layer: int, ids_NK: torch.Tensor, prefix: str,
+                   owners_N: Sequence[str] | None = None) -> list[scatter.Share]:
+        """Invoke layer ``layer``'s replicas on inputs a producer (a segment function)
+        stages in the store under ``prefix``, for the layer's storage or pipelined method;
+        the consumer downloads and gathers the outputs. Returns the shares (what the
+        consumer must gather). Owners as in :meth:`set_owners`,
+        for the ``N`` rows of ``ids_NK`` (slots -1 are padding: nobody's)."""
+        method, beta = self._method[layer]
+        if method == "direct":
+            raise GatherError(f"layer {layer} uses method 'direct': its tokens travel in the "
+                              "payload, nothing is staged", "call the experts with the rows")
+        ids_NK = ids_NK.cpu()
+        shares = scatter.assign(layer, ids_NK, self._replicas[layer],
+                                self._replica_of.get(layer))
+        t0 = time.perf_counter()
+        saved, self._owners = self._owners, (None if owners_N is None
+                                             else np.asarray(owners_N, dtype=object))
+        try:
+            self._run_replicas(layer, method, beta, shares, prefix, ids_NK.shape[0])
+        finally:
+            self._owners = saved
+        st = self.stats.setdefault(layer, LayerCalls())
+        st.calls += 1
+        st.invocations += len(shares)
+        st.token_slots += sum(s.size for s in shares)
+        st.seconds += time.perf_counter() - t0
+        return shares
 
     def _indirect(self, layer: int, method: str, beta: int, shares: list[scatter.Share],
                   x_ND: torch.Tensor, w_NK: torch.Tensor

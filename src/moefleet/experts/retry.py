@@ -10,28 +10,23 @@ from __future__ import annotations
 
 import torch
 
-from moefleet.models.base import ExpertFn
+from moefleet.experts.stack import ExpertStack
 from moefleet.runtime.retry import RetryPolicy, retry_call
 
 
-class RetryingExperts:
+class RetryingExperts(ExpertStack):
     """An ExpertFn that retries ``inner``'s transient failures under ``policy``;
     ``retries`` counts the calls repeated (thread-safe enough: one engine thread)."""
 
-    def __init__(self, inner: ExpertFn, policy: RetryPolicy) -> None:
+    def __init__(self, inner: ExpertStack, policy: RetryPolicy) -> None:
         self.inner, self.policy = inner, policy
+        self.inners = (inner,)
         self.retries = 0
 
     def __call__(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
                  w_NK: torch.Tensor) -> torch.Tensor:
         return retry_call(self.policy, lambda: self.inner(layer, x_ND, ids_NK, w_NK),
                           on_failure=self._failed)
-
-    def set_owners(self, owners_N: list[str] | None) -> None:
-        """Forward whose each token row is to the inner stack (remote experts bill it)."""
-        setter = getattr(self.inner, "set_owners", None)
-        if setter is not None:
-            setter(owners_N)
 
     def _failed(self, err: BaseException, attempt: int) -> None:
         if attempt < self.policy.attempts - 1:

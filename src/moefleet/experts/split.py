@@ -1,5 +1,5 @@
 """Remoe's expert seam: the main function's local experts and its remote expert functions,
-run concurrently per layer and summed (``split_experts``).
+run concurrently per layer and summed (:class:`SplitExperts`).
 
 Invariants: a token-slot routed to a local expert reaches only ``local`` and one routed to
 a remote expert only ``remote``; the other side sees it as id -1 (skipped, contributes 0),
@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from torch import nn
 
+from moefleet.experts.stack import ExpertStack, as_stack
 from moefleet.models.base import ExpertFn
 
 SKIP = -1  # an expert id the receiving side skips
@@ -52,24 +53,28 @@ def held_experts(modules: Mapping[int, Mapping[int, nn.Module]]) -> ExpertFn:
     return run
 
 
-class SplitExperts:
-    """The ExpertFn :func:`split_experts` returns. Experts run on ``expert_device`` (the
+class SplitExperts(ExpertStack):
+    """Remoe's split (see the module docstring). Experts run on ``expert_device`` (the
     CPU: local experts live in host memory and remote ones travel as NumPy), so when the
     layer loop runs elsewhere (non-experts on CUDA) the token rows cross to it before the
     split and the summed result crosses back; on the same device both moves are no-ops.
-    ``set_owners`` reaches the remote half (it bills each token row's owner)."""
+    Both halves see the same token rows, so owners reach both unchanged."""
 
-    def __init__(self, local: ExpertFn, remote: ExpertFn, is_local: Mapping[int, torch.Tensor],
-                 *, pool: ThreadPoolExecutor | None = None,
+    def __init__(self, local: ExpertStack | ExpertFn, remote: ExpertStack | ExpertFn,
+                 is_local: Mapping[int, torch.Tensor], *,
+                 pool: ThreadPoolExecutor | None = None,
                  expert_device: torch.device | str = "cpu") -> None:
-        self.local, self.remote, self.is_local = local, remote, is_local
+        self.local, self.remote = as_stack(local), as_stack(remote)
+        self.inners = (self.local, self.remote)
+        self.is_local = is_local
+        self._own_pool = pool is None
         self.helper = pool or ThreadPoolExecutor(1, thread_name_prefix="moefleet-remoe-remote")
         self.expert_device = torch.device(expert_device)
 
-    def set_owners(self, owners_N: list[str] | None) -> None:
-        setter = getattr(self.remote, "set_owners", None)
-        if setter is not None:
-            setter(owners_N)
+    def close(self) -> None:
+        if self._own_pool:
+            self.helper.shutdown(wait=True)
+        super().close()
 
     def __call__(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
                  w_NK: torch.Tensor) -> torch.Tensor:
@@ -91,13 +96,3 @@ class SplitExperts:
             remote_ND = pending.result() if pending is not None else None
         y_ND = y_ND if remote_ND is None else y_ND + remote_ND.to(y_ND.dtype)
         return y_ND.to(home)
-
-
-def split_experts(local: ExpertFn, remote: ExpertFn, is_local: Mapping[int, torch.Tensor],
-                  *, pool: ThreadPoolExecutor | None = None,
-                  expert_device: torch.device | str = "cpu") -> SplitExperts:
-    """Per layer: ``remote`` (on a helper thread: it mostly waits on invocations) and
-    ``local`` (on the caller's thread) at the same time, each on its own slots; summed.
-    ``is_local[layer]`` is a bool [E]; a layer missing from it is all local. Both run on
-    ``expert_device`` (see :class:`SplitExperts`)."""
-    return SplitExperts(local, remote, is_local, pool=pool, expert_device=expert_device)

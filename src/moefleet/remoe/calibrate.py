@@ -75,9 +75,9 @@ def record_passes(adapter: Any, prompts: list[list[int]], max_tokens: int
     expert run by the main function's per-expert loop. Returns per request its passes,
     every step's timing, and the greedy tokens. The first prompt runs once untimed
     before (a process's first steps pay one-off allocations: measured 2x slower)."""
-    from moefleet.engine.engine import Engine
+    from moefleet.compose import StackOptions
+    from moefleet.compose.root import in_process_engine
     from moefleet.engine.request import SamplingParams
-    from moefleet.engine.runner import LocalRunner
     from moefleet.experts.split import held_experts
 
     layers = list(adapter.moe_layers)
@@ -98,16 +98,16 @@ def record_passes(adapter: Any, prompts: list[list[int]], max_tokens: int
         clock["expert"] += time.perf_counter() - t0
         return y
 
-    runner = LocalRunner(adapter, experts=timed, max_num_seqs=1)
+    stack = StackOptions(local=timed, retry=None)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     passes: list[list[Pass]] = []
     steps: list[StepTiming] = []
     tokens: list[list[int]] = []
     with torch.no_grad():
-        warm = Engine(runner, max_num_seqs=1, eos_token_id=None)
+        warm = in_process_engine(adapter, stack=stack, max_num_seqs=1).engine
         warm.generate([list(prompts[0])], params)
         for prompt in prompts:
-            engine = Engine(runner, max_num_seqs=1, eos_token_id=None)
+            engine = in_process_engine(adapter, stack=stack, max_num_seqs=1).engine
             engine.add_request(list(prompt), params)
             mine: list[Pass] = []
             out: list[int] = []

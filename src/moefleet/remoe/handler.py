@@ -10,7 +10,8 @@ bills it applies the plan's GPU price to the measured time ("GPU emulated").
 
 Per invocation (a :class:`~moefleet.remoe.messages.Generate`): a fresh engine (scheduler,
 greedy sampler) over the instance's runner and cache runs the batch's prefill and decode
-to completion. Experts: ``split_experts(held, RemoteExperts, is_local)``, so each layer's
+to completion (``compose.main_function``). Experts: Remoe's split of the held experts and the
+call's ``RemoteExperts``, so each layer's
 local experts run here while its remote experts run in the layer's group function
 (invoked through ``ctx.functions``: metered by the backend like any call). Replies with a
 :class:`~moefleet.remoe.messages.Result`.
@@ -18,26 +19,25 @@ local experts run here while its remote experts run in the layer's group functio
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
+from moefleet.compose.main_function import MainFunctionEngines
 from moefleet.engine.engine import Engine, merge_into
 from moefleet.engine.request import RequestOutput, SamplingParams
-from moefleet.engine.runner import LocalRunner
 from moefleet.profiles.gpu import GPU_EMULATED_HOST_MB
-from moefleet.remoe.main_model import GPU_EMULATED, MainModel
 from moefleet.remoe.messages import Generate, Result
 from moefleet.runtime.errors import FunctionError
 from moefleet.runtime.handlers import MB, CallContext, Handler, InitContext
+from moefleet.runtime.main_model import GPU_EMULATED, MainModel
 from moefleet.runtime.messages import Warm, decode, encode
 from moefleet.runtime.payload import pack, unpack
 
 DEFAULT_KV_MB = 64
 
 
-class MainFunction:
+class MainFunctionHandler:
     """One main-function instance (see the module docstring)."""
 
     def __init__(self, config: dict[str, Any], init: InitContext) -> None:
@@ -56,20 +56,8 @@ class MainFunction:
         kv_bytes = int(config.get("kv_mb", DEFAULT_KV_MB)) * MB
         self.main.check_memory(init.memory_mb, kv_bytes, self.function)
         self.weight_bytes = self.main.weight_bytes
-        self.remote: Any = None  # the call's RemoteExperts, set per invocation
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="moefleet-remoe-remote")
-        self.runner = LocalRunner(self.main.adapter,
-                                  experts=self.main.experts(self._remote, pool=self._pool),
-                                  kv_budget_bytes=kv_bytes,
-                                  max_num_seqs=int(config.get("max_num_seqs", 64)))
-
-    def _remote(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
-                w_NK: torch.Tensor) -> torch.Tensor:
-        if self.remote is None:
-            raise FunctionError(f"{self.function}: layer {layer} routed tokens to remote "
-                                "experts outside an invocation", "this is a bug")
-        out: torch.Tensor = self.remote(layer, x_ND, ids_NK, w_NK)
-        return out
+        self.engines = MainFunctionEngines(self.main, self.function, kv_bytes=kv_bytes,
+                                           max_num_seqs=int(config.get("max_num_seqs", 64)))
 
     def __call__(self, payload: bytes, ctx: CallContext) -> bytes:
         msg = decode(unpack(payload).meta, Generate, Warm)
@@ -84,12 +72,10 @@ class MainFunction:
             from moefleet.experts.remote import RemoteExperts
 
             remote = RemoteExperts(self.dep, ctx.functions, ctx.store)
-        self.remote = remote
         try:
-            with torch.no_grad():
-                result = self._generate(msg)
+            with torch.no_grad(), self.engines.engine(remote, msg.max_num_seqs) as engine:
+                result = self._generate(engine, msg)
         finally:
-            self.remote = None
             if remote is not None:
                 remote.close()
         if remote is not None:
@@ -99,8 +85,7 @@ class MainFunction:
                                "remote_s": sum(s.seconds for s in stats)})
         return pack(meta=encode(result))
 
-    def _generate(self, msg: Generate) -> Result:
-        engine = Engine(self.runner, max_num_seqs=msg.max_num_seqs, eos_token_id=None)
+    def _generate(self, engine: Engine, msg: Generate) -> Result:
         params = SamplingParams(max_tokens=msg.max_tokens, temperature=0.0,
                                 ignore_eos=msg.ignore_eos)
         merged: dict[str, RequestOutput] = {}
@@ -129,4 +114,4 @@ class MainFunction:
 def main_handler(config: dict[str, Any], init: InitContext) -> Handler:
     """Factory; config: ``deployment`` (key of the deployment JSON in the store),
     ``kv_mb`` (KV cache budget, MB), ``max_num_seqs``, ``device`` (auto|cpu|cuda)."""
-    return MainFunction(config, init)
+    return MainFunctionHandler(config, init)

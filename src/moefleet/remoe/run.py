@@ -29,25 +29,12 @@ from moefleet.platform import InvocationRecord, Meter, PlatformSpec
 from moefleet.remoe.messages import Generate, Result
 from moefleet.runtime.base import FunctionBackend
 from moefleet.runtime.deploy import Deployment
+from moefleet.runtime.main_model import gpu_share
 from moefleet.runtime.messages import Warm, decode, encode
 from moefleet.runtime.payload import pack, unpack
 
 GPU_NOTE = ("GPU emulated: the main function ran on this machine's CPU; the GPU price of "
             "its plan is applied to its measured time")
-
-
-def gpu_share(dep: Deployment, platform: PlatformSpec) -> float:
-    """The main function's share of the platform GPU (0 for a CPU main function)."""
-    main = dep.plan.main
-    if main is None or main.gpu_gb <= 0:
-        return 0.0
-    if platform.gpu is None:
-        raise MoefleetError(f"the plan's main function asks for {main.gpu_gb:g} GB of GPU, "
-                            f"but platform '{platform.name}' has no GPU functions",
-                            "re-plan for a GPU platform, e.g. alibaba-fc-gpu")
-    slices = -(-main.gpu_gb // platform.gpu.slice_gb)  # whole slices, rounded up
-    return platform.check_gpu_share(min(1.0, slices * platform.gpu.slice_gb
-                                        / platform.gpu.memory_gb))
 
 
 def _priced(records: list[InvocationRecord], platform: PlatformSpec,
@@ -121,6 +108,7 @@ def run_remoe(dep: Deployment, backend: FunctionBackend, platform: PlatformSpec,
             "remote": _priced([r for r in recs if r.kind != "main"], platform, share)}
     total = sum(p[k]["cost_usd"] for p in parts.values() for k in ("main", "remote"))
     return {
+        "kind": "remoe-main",  # the main function ran the engine (``_print_summary`` reads it)
         "model": dep.model, "platform": platform.name, "policy": dep.plan.policy,
         "requests": len(results), "max_tokens": max_tokens, "batch_size": batch_size,
         "main_memory_mb": dep.plan.main.memory_mb if dep.plan.main else None,
@@ -139,10 +127,10 @@ def run_remoe(dep: Deployment, backend: FunctionBackend, platform: PlatformSpec,
 
 def reference_tokens(adapter: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """The monolithic model's greedy tokens (in process, every expert local)."""
-    from moefleet.compose.build import build_engine
+    from moefleet.compose.root import in_process_engine
     from moefleet.engine.request import SamplingParams
 
-    outs = build_engine(adapter, eos_token_id=None).generate(
+    outs = in_process_engine(adapter).engine.generate(
         prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
     return [o.new_token_ids for o in outs]
 
@@ -158,7 +146,7 @@ def run_remoe_plan(source: Any, prompts: list[list[int]], *, platform: PlatformS
     cold), tear down (``runtime.session.deployed_backend``: whatever happens, the backend
     is torn down and the weights this call uploaded are removed)."""
     from moefleet.runtime.deploy import install
-    from moefleet.runtime.session import deployed_backend
+    from moefleet.runtime.lifecycle import deployed_backend
 
     with deployed_backend(source, platform=platform, store=store, adapter=adapter,
                           backend=backend, backend_options=backend_options) as (dep, fb):

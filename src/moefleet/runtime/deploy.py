@@ -15,6 +15,7 @@ import datetime as dt
 import functools
 import json
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -210,12 +211,13 @@ def deploy_plan(
 
 
 def install(deployment: Deployment, backend: FunctionBackend, *,
-            with_main: bool = True) -> list[FunctionSpec]:
-    """Create the deployment's functions on ``backend`` (weights must be in the store);
-    without its ``main`` function when ``with_main`` is false (``serve`` plays the main
-    function in its own process)."""
+            kinds: Collection[str] | None = None) -> list[FunctionSpec]:
+    """Create the deployment's functions on ``backend`` (weights must be in the store):
+    those whose kind (``segment``, ``expert``, ``main``) is in ``kinds``, or all (None).
+    The caller plays the others (the engine runs the non-experts itself, or ``serve``
+    plays the main function)."""
     return [backend.deploy(spec) for spec in deployment.functions
-            if with_main or spec.kind != "main"]
+            if kinds is None or spec.kind in kinds]
 
 
 def remove_objects(deployment: Deployment, store: ObjectStore) -> int:

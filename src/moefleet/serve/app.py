@@ -19,9 +19,11 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from moefleet.compose.billing import Biller, InProcessBiller, InProcessPricer
+from moefleet.compose.root import OpenedEngine
 from moefleet.engine import Engine
+from moefleet.experts.brownout_hook import ThresholdReport
 from moefleet.platform import load_platform
-from moefleet.serve.cost import Biller, InProcessBiller, InProcessPricer
 from moefleet.serve.errors import ERROR_RESPONSES, HANDLERS, APIError, error_body
 from moefleet.serve.metrics import ServeMetrics
 from moefleet.serve.openai_api import router as openai_router
@@ -80,25 +82,35 @@ async def _no_receive() -> Message:
     return {"type": "http.disconnect"}
 
 
-def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
+def create_app(engine: Engine | OpenedEngine, *, model_name: str, api_key: str | None = None,
                max_waiting: int = DEFAULT_MAX_WAITING,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, platform: str = "aws-lambda",
                memory_mb: int = DEFAULT_MEMORY_MB, slo_ttft_s: float | None = None,
                slo_tpot_s: float | None = None, default_max_tokens: int | None = None,
                biller: Biller | None = None, step_timeout_s: float | None = None
                ) -> FastAPI:
-    """``biller`` bills each request (default: the in-process estimate on ``platform`` at
-    ``memory_mb``; ``serve --plan`` passes an ``InvocationBiller``). ``step_timeout_s``:
-    the watchdog's limit on one engine step (None: no watchdog); past it ``/health`` and
-    the requests waiting on the step answer 503."""
+    """Serve ``engine``: an :class:`OpenedEngine` from the composition root (its biller
+    bills each request; its brownout threshold is reported on ``/metrics``), or a bare
+    engine billed by ``biller`` (default: the in-process estimate on ``platform`` at
+    ``memory_mb``). ``step_timeout_s``: the watchdog's limit on one engine step (None: no
+    watchdog); past it ``/health`` and the requests waiting on the step answer 503."""
     metrics = ServeMetrics(model_name)
+    opened = engine if isinstance(engine, OpenedEngine) else None
+    eng = engine if isinstance(engine, Engine) else engine.engine
+    if opened is not None:
+        biller = biller or opened.biller
+        router = opened.brownout
+        if router is not None:
+            gauge = metrics.controller
+            eng.hooks.append(ThresholdReport(router, lambda kind, th: gauge.labels(
+                model_name, f"brownout_threshold_{kind}").set(th)))
     if biller is None:
         biller = InProcessBiller(InProcessPricer(load_platform(platform), memory_mb))
-    worker = EngineWorker(engine, metrics, biller, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s,
-                          step_timeout_s=step_timeout_s)
-    adapter = getattr(engine.runner, "adapter", None)
-    vocab = adapter.vocab_size if adapter is not None else 1 << 31
-    state = ServeState(worker, metrics, model_name, engine.runner.max_model_len, vocab,
+    worker = EngineWorker(eng, metrics, biller, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s,
+                          step_timeout_s=step_timeout_s,
+                          retries=(lambda: opened.retries) if opened is not None else None)
+    state = ServeState(worker, metrics, model_name, eng.runner.max_model_len,
+                       eng.runner.vocab_size,
                        api_key=api_key, max_waiting=max_waiting, max_body_bytes=max_body_bytes,
                        default_max_tokens=default_max_tokens)
     if slo_ttft_s is not None:

@@ -27,8 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from moefleet.engine import Engine, EngineError, SamplingParams
+from moefleet.compose.root import OpenedEngine
+from moefleet.engine import EngineError, SamplingParams
 from moefleet.experts.faults import FaultyExperts
+from moefleet.experts.stack import find
 from moefleet.runtime.fault_runs import FaultRun
 from moefleet.runtime.faults import FaultPlan
 from moefleet.runtime.retry import POLICIES
@@ -58,18 +60,20 @@ def _check(n: int) -> None:
         raise EngineError(f"requests must be in [1, {MAX_REQUESTS}], got {n}", "e.g. 32")
 
 
-def run_engine_under_faults(engine: Engine, faulty: FaultyExperts | None,
-                            prompts: Sequence[list[int]], params: SamplingParams,
+def run_engine_under_faults(opened: OpenedEngine, prompts: Sequence[list[int]],
+                            params: SamplingParams,
                             reference: Sequence[list[int]] | None = None,
                             bound_s: float = 300.0) -> EngineFaultRun:
     """Submit every prompt at once, step until all finish or ``bound_s`` passes.
 
-    ``faulty`` is the engine's expert wrapper (counts injected faults); ``reference``
-    the fault-free output tokens per prompt."""
+    ``opened``'s expert stack injects the faults (and counts them); ``reference`` the
+    fault-free output tokens per prompt."""
     _check(len(prompts))
+    engine = opened.engine
+    faulty = find(opened.stack, FaultyExperts)
     plan = faulty.plan if faulty is not None else FaultPlan("none", 0.0)
     run = EngineFaultRun("engine", plan.kind, plan.rate)
-    retries0 = _retries(engine)
+    retries0 = opened.retries
     t0 = time.perf_counter()
     rids = {engine.add_request(p, params): i for i, p in enumerate(prompts)}
     run.accepted = len(rids)
@@ -96,18 +100,14 @@ def run_engine_under_faults(engine: Engine, faulty: FaultyExperts | None,
     wall = time.perf_counter() - t0
     run.cost_usd = _wall_cost(wall)
     run.injected = faulty.injected if faulty is not None else 0
-    run.retries = _retries(engine) - retries0
+    run.retries = opened.retries - retries0
     return run
-
-
-def _retries(engine: Engine) -> int:
-    return int(getattr(getattr(engine.runner, "experts", None), "retries", 0))
 
 
 def _wall_cost(wall_s: float) -> float:
     """The engine process priced as one aws-lambda function of 2048 MB for the run."""
+    from moefleet.compose.billing import InProcessPricer
     from moefleet.platform import load_platform
-    from moefleet.serve.cost import InProcessPricer
 
     return InProcessPricer(load_platform("aws-lambda"), 2048).price(wall_s).total
 

@@ -25,8 +25,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from moefleet.compose.billing import Biller, ByFunction, RequestCost
 from moefleet.engine import Engine, RequestOutput
-from moefleet.serve.cost import Biller, ByFunction, RequestCost
 from moefleet.serve.metrics import ServeMetrics
 
 log = logging.getLogger(__name__)
@@ -76,9 +76,11 @@ class EngineWorker(threading.Thread):
 
     def __init__(self, engine: Engine, metrics: ServeMetrics, biller: Biller, *,
                  slo_ttft_s: float | None = None, slo_tpot_s: float | None = None,
-                 step_timeout_s: float | None = None) -> None:
+                 step_timeout_s: float | None = None,
+                 retries: Callable[[], int] | None = None) -> None:
         super().__init__(name="moefleet-engine", daemon=True)
         self.engine = engine
+        self._retries_of = retries  # expert calls retried so far (the expert stack's count)
         self.metrics = metrics
         self.biller = biller
         self.slo_ttft_s, self.slo_tpot_s = slo_ttft_s, slo_tpot_s
@@ -271,7 +273,7 @@ class EngineWorker(threading.Thread):
         m.running.labels(lbl).set(eng.num_running)
         m.waiting.labels(lbl).set(eng.num_waiting)
         m.kv_usage.labels(lbl).set(eng.scheduler.cache_usage)
-        retries = int(getattr(getattr(eng.runner, "experts", None), "retries", 0))
+        retries = self._retries_of() if self._retries_of is not None else 0
         if retries > self._retries:
             m.expert_retries.labels(lbl).inc(retries - self._retries)
             self._retries = retries

@@ -19,6 +19,7 @@ import simpy
 
 from moefleet.engine.request import SamplingParams
 from moefleet.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from moefleet.engine.stops import token_stop
 
 PassFn = Callable[[SchedulerOutput], Generator[simpy.Event, Any, None]]
 
@@ -96,9 +97,14 @@ class SimEngine:
                         r.first_token = now
                     if r.token_times is not None:
                         r.token_times.append(now)
-            for seq in sched.update(out, {r.seq_id: 0 for r in out.rows if r.sample}):
-                sched.finish(seq.seq_id, "length")
-                self._reqs.pop(seq.seq_id).done.succeed()
+            sampled = {r.seq_id: 0 for r in out.rows if r.sample and r.seq_id in sched.seqs}
+            sched.update(out, sampled)
+            for seq_id, token in sampled.items():  # the engine's stop rule, EOS unknown here
+                seq = sched.seqs[seq_id]
+                reason = token_stop(seq.params, token, len(seq.output_ids), None)
+                if reason is not None:
+                    sched.finish(seq_id, reason)
+                    self._reqs.pop(seq_id).done.succeed()
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ Invariants: every expert no group of the plan holds is in ``local`` (and only th
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +27,8 @@ import torch
 from torch import nn
 
 from moefleet.errors import MoefleetError
-from moefleet.experts.split import SplitExperts, held_experts, split_experts
-from moefleet.models.base import ExpertFn, MoEModelAdapter
+from moefleet.models.base import MoEModelAdapter
+from moefleet.platform import PlatformSpec
 from moefleet.runtime import weights
 from moefleet.runtime.deploy import Deployment
 from moefleet.runtime.errors import FunctionError
@@ -163,10 +162,16 @@ class MainModel:
                 f" exceed memory_mb={memory_mb}", "give the main function more memory in "
                 "the plan")
 
-    def experts(self, remote: ExpertFn, *, pool: ThreadPoolExecutor | None = None
-                ) -> SplitExperts:
-        """Seam 1 for this main function: its local experts (on the CPU) and ``remote``,
-        per layer concurrently."""
-        return split_experts(held_experts(self.local), remote, self.is_local, pool=pool,
-                             expert_device="cpu")
 
+def gpu_share(dep: Deployment, platform: PlatformSpec) -> float:
+    """The main function's share of the platform GPU (0 for a CPU main function)."""
+    main = dep.plan.main
+    if main is None or main.gpu_gb <= 0:
+        return 0.0
+    if platform.gpu is None:
+        raise MoefleetError(f"the plan's main function asks for {main.gpu_gb:g} GB of GPU, "
+                            f"but platform '{platform.name}' has no GPU functions",
+                            "re-plan for a GPU platform, e.g. alibaba-fc-gpu")
+    slices = -(-main.gpu_gb // platform.gpu.slice_gb)  # whole slices, rounded up
+    return platform.check_gpu_share(min(1.0, slices * platform.gpu.slice_gb
+                                        / platform.gpu.memory_gb))

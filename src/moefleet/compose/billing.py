@@ -29,6 +29,7 @@ request (a second call returns zero); :meth:`forget` drops an aborted request's 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -84,6 +85,8 @@ class Biller(Protocol):
 
     def basis_of(self, function: str) -> str: ...
 
+    def attach(self, engine: Engine) -> None: ...
+
     def register(self, rid: str) -> None: ...
 
     def step(self, served: set[str], forward_s: float) -> ByFunction: ...
@@ -119,6 +122,9 @@ class InProcessBiller:
     def basis_of(self, function: str) -> str:
         return self.basis
 
+    def attach(self, engine: Engine) -> None:
+        """Nothing to learn from the engine's steps: the forward time comes with step()."""
+
     def register(self, rid: str) -> None:
         self._busy_s[rid] = 0.0
 
@@ -137,10 +143,10 @@ class InProcessBiller:
         self._busy_s.pop(rid, None)
 
 
-class AttributedExperts(Protocol):
-    """What :class:`InvocationBiller` reads from an ExpertFn that invokes functions
-    (``RemoteExperts``): records with ``{owner: share}``, owners being the sequence ids the
-    runner set, and the caller's own store requests (cumulative)."""
+class Attributed(Protocol):
+    """What :class:`InvocationBiller` reads from whatever invokes functions for the engine
+    (remote experts, the segment runner): records with ``{owner: share}``, owners being the
+    sequence ids the runner set, and the caller's own store requests (cumulative)."""
 
     def drain(self) -> list[tuple[InvocationRecord, dict[str, float]]]: ...
 
@@ -178,9 +184,9 @@ class InvocationBiller:
 
     basis = BASIS_INVOCATIONS
 
-    def __init__(self, experts: AttributedExperts, spec: PlatformSpec, *,
+    def __init__(self, sources: Sequence[Attributed], spec: PlatformSpec, *,
                  audit: bool = False, main: MainPricing | None = None) -> None:
-        self.experts = experts
+        self.sources = list(sources)
         self.spec = spec
         self.main = main
         self.basis = BASIS_INVOCATIONS if main is None else BASIS_REMOE
@@ -190,7 +196,7 @@ class InvocationBiller:
         self._accounts: dict[str, _Account] = {}
         self._owner: dict[str, str] = {}  # sequence id (as the runner names it) -> request
         self._tokens: dict[str, int] = {}  # tokens of each request in the current step
-        self._store_seen = (0, 0)
+        self._store_seen = [(0, 0) for _ in self.sources]
         self.audit: dict[str, list[tuple[InvocationRecord, float]]] | None = (
             {} if audit else None)
         self.audit_storage: dict[str, float] = defaultdict(float)
@@ -227,7 +233,7 @@ class InvocationBiller:
 
     def step(self, served: set[str], forward_s: float) -> ByFunction:
         billed: ByFunction = defaultdict(CostParts)
-        for record, shares in self.experts.drain():
+        for record, shares in (r for src in self.sources for r in src.drain()):
             cost = self.meter.cost_of(record)
             billed[record.function] += cost
             billed_s = self.spec.invocation_billed_s(record.duration_s, record.init_s)
@@ -242,9 +248,11 @@ class InvocationBiller:
                 acct.invocations += 1
                 if self.audit is not None:
                     self.audit[self._owner[owner]].append((record, share))
-        puts, gets = self.experts.store_requests()
-        dp, dg = puts - self._store_seen[0], gets - self._store_seen[1]
-        self._store_seen = (puts, gets)
+        dp = dg = 0
+        for i, src in enumerate(self.sources):
+            puts, gets = src.store_requests()
+            dp, dg = dp + puts - self._store_seen[i][0], dg + gets - self._store_seen[i][1]
+            self._store_seen[i] = (puts, gets)
         if dp or dg:
             usd = self.spec.storage_request_cost(dp, dg)
             billed[FUNCTION_ENGINE] += CostParts(storage=usd)

@@ -1,0 +1,113 @@
+"""The options every engine-opening command shares (``generate``, ``serve``, ``bench serve``):
+a plan, a backend, a store, brownout, fault injection, the device and the kernel, checked
+before any model loads and turned into one ``compose.open_engine`` call."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from moefleet import limits as L
+from moefleet.errors import MoefleetError
+
+if TYPE_CHECKING:
+    from moefleet.compose import OpenedEngine
+    from moefleet.models.base import MoEModelAdapter
+
+PlanOpt = Annotated[str | None, typer.Option(
+    help="deployment plan YAML: its experts run in its functions on --backend (a Remoe plan: "
+         "this process plays its main function); each request is billed from its "
+         "invocations")]
+BackendOpt = Annotated[str, typer.Option(help="function backend with --plan: local|ray|aws")]
+StoreOpt = Annotated[str | None, typer.Option(
+    help="object store with --plan: a directory or s3://bucket/prefix (default: a temporary "
+         "directory, removed at exit)")]
+WorkersOpt = Annotated[int | None, typer.Option(
+    help="local backend: worker processes (default: the machine's cores)")]
+BrownoutOpt = Annotated[str | None, typer.Option(
+    help="BrownoutServe: ways=8,threshold=0.4 (fixed) or ways=8,slo-ttft=S,slo-tpot=S "
+         "(SALC sets the threshold each step)[,mode=partial|full,warning=,increment=,"
+         "shrink=,window=,interval=]")]
+FaultsOpt = Annotated[str | None, typer.Option(
+    help="resilience testing: KIND:RATE[:SEED[:SECONDS]], KIND one of crash, timeout, "
+         "throttle, straggler, stall, error; RATE = fraction of expert calls (at the "
+         "backend with --plan: crash kills real local workers; else emulated)")]
+KernelOpt = Annotated[str, typer.Option(help="in-process expert kernel: auto, stacked or loop")]
+
+
+@dataclass
+class DeploymentArgs:
+    """What the shared options parsed into (see :func:`parse`)."""
+
+    plan: Any = None  # DeploymentPlan
+    backend: str = "local"
+    store: str | None = None
+    workers: int | None = None
+    brownout: Any = None  # BrownoutSpec
+    faults: Any = None  # FaultPlan
+    device: str = "cpu"
+    kernel: str = "auto"
+    max_num_seqs: int = 64
+
+
+def parse(*, plan: str | None, backend: str, store: str | None, workers: int | None,
+          brownout: str | None, inject_faults: str | None, device: str, kernel: str,
+          max_num_seqs: int) -> DeploymentArgs:
+    """Check every shared option and read the files they name; no model loads here."""
+    from moefleet.engine.build import check_engine_args
+    from moefleet.experts.kernels import KERNELS
+
+    if plan is None and (store is not None or workers is not None):
+        raise MoefleetError("--store and --workers only apply with --plan",
+                            "add --plan plan.yaml, or drop them")
+    if workers is not None and not 1 <= workers <= L.MAX_WORKERS:
+        raise MoefleetError(f"--workers must be in [1, {L.MAX_WORKERS}], got {workers}",
+                            "e.g. --workers 2")
+    if store is not None and not store.strip():
+        raise MoefleetError("--store is empty", "name a directory or s3://bucket/prefix")
+    if kernel not in KERNELS:
+        raise MoefleetError(f"unknown --kernel {kernel!r}", f"use one of {', '.join(KERNELS)}")
+    check_engine_args(device, max_num_seqs)
+    args = DeploymentArgs(backend=backend, store=store, workers=workers, device=device,
+                          kernel=kernel, max_num_seqs=max_num_seqs)
+    if brownout is not None:
+        from moefleet.experts.brownout_control import parse_brownout_spec
+
+        args.brownout = parse_brownout_spec(brownout)
+    if inject_faults is not None:
+        from moefleet.runtime.faults import parse_fault
+
+        args.faults = parse_fault(inject_faults)
+    if plan is not None:
+        from moefleet.plan import DeploymentPlan
+        from moefleet.runtime.base import backend_names
+
+        if backend not in backend_names():
+            raise MoefleetError(f"unknown backend {backend!r}",
+                                f"available backends: {', '.join(backend_names())}")
+        args.plan = DeploymentPlan.load(plan)
+        if args.plan.main is not None:
+            from moefleet.runtime.main_model import main_device
+
+            main_device(args.plan.main.gpu_gb, device)
+    return args
+
+
+@contextlib.contextmanager
+def open_cli_engine(adapter: MoEModelAdapter, args: DeploymentArgs, *, model_ref: str,
+                    billing: Any = None, **engine: Any) -> Iterator[OpenedEngine]:
+    """``compose.open_engine`` with the parsed options (``engine``: more EngineOptions)."""
+    from moefleet.compose import EngineOptions, StackOptions, open_engine
+
+    stack = StackOptions(kernel=args.kernel, brownout=args.brownout,  # type: ignore[arg-type]
+                         faults=args.faults)
+    options = EngineOptions(device=args.device, max_num_seqs=args.max_num_seqs, **engine)
+    backend_options = {} if args.workers is None else {"workers": args.workers}
+    with open_engine(adapter, plan=args.plan, stack=stack, options=options,
+                     backend=args.backend, store=args.store, backend_options=backend_options,
+                     billing=billing, model_ref=model_ref) as opened:
+        yield opened

@@ -1,0 +1,132 @@
+"""The expert stack's one shape, and :func:`compose`, the one order its pieces nest in.
+
+Every piece is an :class:`ExpertStack`: an ``ExpertFn`` (``layer, x_ND, ids_NK, w_NK ->
+y_ND``) with a typed surface the runner and the composition root use instead of reaching
+into it:
+
+- :meth:`ExpertStack.set_owners` — whose each token row of the following calls is (a
+  sequence id per row). A piece that calls an inner piece on other rows (brownout sends a
+  subset of pairs on) tells the inner its own owners first, so remote dispatch always
+  bills each row's owner.
+- :meth:`ExpertStack.parts` — the pieces, outermost first; :func:`find` picks one by type
+  (the brownout router for SALC and the metrics, the remote dispatcher for the biller,
+  the fault injector's counters).
+- :meth:`ExpertStack.close` — stops what the stack started (remote dispatch's threads).
+
+The order (:func:`compose`), outermost first::
+
+    retry ∘ faults ∘ brownout ∘ split(local, remote)
+
+Retries see every failure below them; faults are injected where a remote call would fail;
+brownout decides which pairs reach the experts at all; the split sends each remaining pair
+to the main function's own experts or to the expert functions. Any piece may be absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+import torch
+
+from moefleet.models.base import ExpertFn
+
+if TYPE_CHECKING:
+    from moefleet.brownout.groups import Grouping
+    from moefleet.brownout.united import UnitedExperts
+    from moefleet.runtime.faults import FaultPlan
+    from moefleet.runtime.retry import RetryPolicy
+
+S = TypeVar("S", bound="ExpertStack")
+
+
+class ExpertStack:
+    """Base of every piece (see the module docstring). ``inners`` are the pieces this one
+    calls; a leaf has none."""
+
+    inners: tuple[ExpertStack, ...] = ()
+
+    def __call__(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
+                 w_NK: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def set_owners(self, owners_N: Sequence[str] | None) -> None:
+        """Owner of each token row of the following calls (None: one anonymous owner)."""
+        for inner in self.inners:
+            inner.set_owners(owners_N)
+
+    def parts(self) -> Iterator[ExpertStack]:
+        """This piece and every piece below it, outermost first."""
+        yield self
+        for inner in self.inners:
+            yield from inner.parts()
+
+    def close(self) -> None:
+        for inner in self.inners:
+            inner.close()
+
+
+class InProcess(ExpertStack):
+    """A leaf over a plain ``ExpertFn`` running in this process (a kernel, or the experts
+    a Remoe main function holds). It knows no owners: nothing it does is billed apart."""
+
+    def __init__(self, fn: ExpertFn, name: str = "in-process") -> None:
+        self.fn, self.name = fn, name
+
+    def __call__(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
+                 w_NK: torch.Tensor) -> torch.Tensor:
+        return self.fn(layer, x_ND, ids_NK, w_NK)
+
+
+def as_stack(fn: ExpertFn | ExpertStack) -> ExpertStack:
+    """``fn`` itself when it is a piece already, else an :class:`InProcess` leaf over it."""
+    return fn if isinstance(fn, ExpertStack) else InProcess(fn)
+
+
+def find(stack: ExpertStack, kind: type[S]) -> S | None:
+    """The outermost piece of type ``kind`` in ``stack``, or None."""
+    for part in stack.parts():
+        if isinstance(part, kind):
+            return part
+    return None
+
+
+def compose(local: ExpertFn | ExpertStack | None = None, *,
+            remote: ExpertStack | None = None,
+            is_local: Mapping[int, torch.Tensor] | None = None,
+            brownout: tuple[Grouping | UnitedExperts, float, str, str] | None = None,
+            faults: FaultPlan | None = None,
+            retry: RetryPolicy | None = None,
+            wrap: Callable[[ExpertStack], ExpertStack | ExpertFn] | None = None
+            ) -> ExpertStack:
+    """Nest the pieces in the module's order and return the outermost.
+
+    ``local`` / ``remote``: the experts computed here and by functions. Both given: Remoe's
+    split (``is_local[layer]`` a bool [E]; a layer without an entry is all local); one:
+    that one. ``brownout``: ``(united experts or grouping, threshold, mode, united_kernel)``.
+    ``faults``: a plan injected at this seam (emulated). ``retry``: the policy of the
+    outermost retry (None: no retry piece). ``wrap``: an extra piece just inside the
+    retries, e.g. a profiler timing whatever the engine's experts cost.
+    """
+    from moefleet.experts.brownout import BrownoutExperts
+    from moefleet.experts.faults import FaultyExperts
+    from moefleet.experts.retry import RetryingExperts
+    from moefleet.experts.split import SplitExperts
+
+    if local is None and remote is None:
+        raise ValueError("an expert stack needs local experts, remote experts, or both")
+    base: ExpertStack
+    if local is not None and remote is not None:
+        base = SplitExperts(as_stack(local), remote, is_local or {})
+    else:
+        base = as_stack(local) if local is not None else remote  # type: ignore[assignment]
+    if brownout is not None:
+        groups, threshold, mode, united_kernel = brownout
+        base = BrownoutExperts(base, groups, threshold, mode, united_kernel=united_kernel)
+    if faults is not None and faults.kind != "none":
+        base = FaultyExperts(base, faults)
+    if wrap is not None:
+        base = as_stack(wrap(base))
+    if retry is not None:
+        base = RetryingExperts(base, retry)
+    return base
