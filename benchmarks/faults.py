@@ -41,7 +41,7 @@ from moefleet.models.tiny import tiny_model
 from moefleet.plan import DeploymentPlan
 from moefleet.platform import LocalObjectStore, load_platform
 from moefleet.runtime.deploy import deploy_plan
-from moefleet.runtime.fault_runs import run_under_faults
+from moefleet.experiments.fault_runs import run_under_faults
 from moefleet.runtime.faults import FAULT_KINDS, FaultPlan
 from moefleet.runtime.local import LocalBackend
 

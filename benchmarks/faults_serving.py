@@ -32,7 +32,7 @@ from moefleet.engine import SamplingParams
 from moefleet.experts.faults import FaultyExperts
 from moefleet.experts.kernels import in_process_experts
 from moefleet.runtime.faults import FaultPlan
-from moefleet.serve.fault_runs import run_engine_under_faults, run_http_under_faults
+from moefleet.experiments.serve_faults import run_engine_under_faults, run_http_under_faults
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE_KINDS = ("crash", "timeout", "throttle", "straggler", "error")

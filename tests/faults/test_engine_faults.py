@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 import torch
 
-from moefleet.compose.build import build_engine
 from moefleet.engine import SamplingParams
 from moefleet.errors import MoefleetError
+from moefleet.experiments.serve_faults import run_engine_under_faults
 from moefleet.experts.faults import FaultyExperts
 from moefleet.experts.kernels import in_process_experts
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
 from moefleet.runtime.faults import FaultPlan, parse_fault
-from moefleet.serve.fault_runs import run_engine_under_faults
+from tests.engine_helpers import build_engine, opened_engine
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,8 +43,9 @@ def test_transient_expert_faults_are_retried_and_change_nothing(kind: str) -> No
     faulty = FaultyExperts(in_process_experts(adapter()),
                            FaultPlan(kind, 0.2, seed=2, timeout_s=0.01, straggle_s=0.01,
                                      retry_after_s=0.01))
-    engine = build_engine(adapter(), max_num_seqs=2, experts=faulty)
-    run = run_engine_under_faults(engine, faulty, PROMPTS, GREEDY, reference())
+    opened = opened_engine(adapter(), max_num_seqs=2, experts=faulty)
+    engine = opened.engine
+    run = run_engine_under_faults(opened, PROMPTS, GREEDY, reference())
     assert faulty.injected >= 1
     assert run.lost == 0 and run.failed == 0, run.errors
     assert run.completed == run.outputs_equal == len(PROMPTS)
@@ -87,8 +88,8 @@ def test_a_failed_step_ends_only_its_own_requests_with_a_clear_error(at: int) ->
 
 def test_errors_past_the_retries_fail_requests_and_the_harness_loses_none() -> None:
     faulty = FaultyExperts(in_process_experts(adapter()), FaultPlan("error", 0.3, seed=1))
-    engine = build_engine(adapter(), max_num_seqs=2, experts=faulty)
-    run = run_engine_under_faults(engine, faulty, PROMPTS * 2, GREEDY)
+    opened = opened_engine(adapter(), max_num_seqs=2, experts=faulty)
+    run = run_engine_under_faults(opened, PROMPTS * 2, GREEDY)
     assert run.failed >= 1 and run.lost == 0
     assert run.completed + run.failed == run.accepted == 2 * len(PROMPTS)
     assert all("handler error (injected)" in e for e in run.errors)

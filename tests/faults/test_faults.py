@@ -9,12 +9,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from moefleet.experiments.fault_runs import run_under_faults
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
 from moefleet.plan import DeploymentPlan
 from moefleet.platform import LocalObjectStore, load_platform
 from moefleet.runtime.deploy import Deployment, deploy_plan
-from moefleet.runtime.fault_runs import run_under_faults
 from moefleet.runtime.faults import FaultPlan, FaultyStore, ResilientStore, StoreUnavailableError
 from moefleet.runtime.local import LocalBackend
 from moefleet.runtime.retry import POLICIES, RetryPolicy, retry_call
@@ -38,12 +38,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
         backend.teardown()
 
 
-def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
+def _prompts(n: int) -> list[list[int]]:
     out = []
     for s in range(n):
         g = torch.Generator().manual_seed(s)
-        ids = torch.randint(0, 1000, (1, 6), generator=g)
-        out.append((ids, torch.ones_like(ids), [f"r{s}"]))
+        out.append(torch.randint(0, 1000, (6,), generator=g).tolist())
     return out
 
 
@@ -54,7 +53,7 @@ def test_no_request_is_lost_and_failed_attempts_are_billed(
     platform, store, adapter, backend, dep = setup
     assert isinstance(dep, Deployment)
     plan = FaultPlan(kind, rate=0.2, seed=3, straggle_s=0.02, timeout_s=0.02)
-    run = run_under_faults(dep, backend, store, platform, plan, _batches(2), adapter)
+    run = run_under_faults(adapter, dep, backend, store, platform, plan, _prompts(2))
     assert run.injected >= 1  # the faults happened
     assert run.lost == 0 and run.failed == 0, run.errors
     assert run.completed == run.outputs_equal == 2
@@ -98,20 +97,20 @@ def test_engine_over_remote_experts_survives_worker_kills(setup: tuple) -> None:
     """The engine's experts in real worker processes (RemoteExperts on the local backend)
     while the harness SIGKILLs workers mid-call: every request completes with the tokens
     of the in-process experts, and the crashed attempts are billed."""
-    from moefleet.compose.build import build_engine
+    from moefleet.compose import StackOptions, open_engine
+    from moefleet.compose.root import in_process_engine
     from moefleet.engine import SamplingParams
-    from moefleet.experts.remote import RemoteExperts
-    from moefleet.runtime.faults import FaultyBackend
 
-    _, store, adapter, backend, dep = setup
+    platform, store, adapter, backend, dep = setup
     prompts = [[5, 17, 42, 7, 99, 3], [8, 1, 250], [60, 61, 62, 63]]
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-    want = build_engine(adapter).generate(prompts, params)
-    faulty = FaultyBackend(backend, FaultPlan("crash", rate=0.2, seed=3))
+    want = in_process_engine(adapter).engine.generate(prompts, params)
     before = len(backend.records())
-    with RemoteExperts(dep, faulty, store) as rx:
-        got = build_engine(adapter, experts=rx).generate(prompts, params)
-    assert faulty.injected >= 1
+    with open_engine(adapter, plan=dep, backend=backend, store=store, platform=platform,
+                     stack=StackOptions(faults=FaultPlan("crash", rate=0.2, seed=3))
+                     ) as opened:
+        got = opened.engine.generate(prompts, params)
+        assert opened.faults_injected >= 1
     assert [o.finish_reason for o in got] == ["length"] * len(prompts)
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
     assert any(r.failed for r in backend.records()[before:])  # a killed attempt, billed

@@ -16,11 +16,11 @@ import torch
 
 pytest.importorskip("aiohttp")
 
-from moefleet.compose.build import build_engine
+from moefleet.experiments.serve_faults import run_http_under_faults
 from moefleet.experts.faults import FaultyExperts
 from moefleet.experts.kernels import in_process_experts
 from moefleet.runtime.faults import FaultPlan
-from moefleet.serve.fault_runs import run_http_under_faults
+from tests.engine_helpers import build_engine, opened_engine
 from tests.serve.conftest import running, tiny_adapter
 
 pytestmark = pytest.mark.timeout(300)
@@ -30,7 +30,7 @@ PROMPTS = [f"request {i} about mixtures of experts" for i in range(8)]
 
 def _engine(plan: FaultPlan) -> tuple[Any, FaultyExperts]:
     faulty = FaultyExperts(in_process_experts(tiny_adapter()), plan)
-    return build_engine(tiny_adapter(), max_num_seqs=4, experts=faulty), faulty
+    return opened_engine(tiny_adapter(), max_num_seqs=4, experts=faulty), faulty
 
 
 def _get(url: str) -> tuple[int, dict[str, Any]]:

@@ -16,7 +16,6 @@ import torch
 
 from moefleet.brownout.groups import Grouping, index_groups
 from moefleet.brownout.united import UnitedExperts
-from moefleet.compose.build import build_engine
 from moefleet.engine import Engine, InProcessRunner, SamplingParams
 from moefleet.experts.brownout import BrownoutExperts
 from moefleet.experts.kernels import in_process_experts
@@ -24,6 +23,7 @@ from moefleet.experts.split import held_experts, split_experts
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import small_mixtral, tiny_model
 from moefleet.runtime.main_model import place_non_experts
+from tests.engine_helpers import build_engine
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -43,7 +43,7 @@ def tiny_adapter() -> Any:
 
 def tiny_engine(max_num_seqs: int = 8) -> Any:
     """A fresh engine (own KV cache and stats) over the shared weights."""
-    from moefleet.compose.build import build_engine
+    from tests.engine_helpers import build_engine
 
     return build_engine(tiny_adapter(), max_num_seqs=max_num_seqs)
 

@@ -47,8 +47,8 @@ def _plan(path: Path, model: str) -> Path:
 
 @pytest.fixture(scope="module")
 def in_process(model_dir: Path) -> Iterator[tuple[Any, dict[str, Any]]]:
-    from moefleet.compose.build import build_engine
     from moefleet.models.registry import load_adapter
+    from tests.engine_helpers import build_engine
 
     adapter = load_adapter(str(model_dir))
     with running(build_engine(adapter, max_num_seqs=4)) as s:
@@ -57,19 +57,19 @@ def in_process(model_dir: Path) -> Iterator[tuple[Any, dict[str, Any]]]:
 
 def test_served_deployment_matches_in_process_and_bills_its_invocations(
         model_dir: Path, tmp_path: Path, in_process: tuple[Any, dict[str, Any]]) -> None:
+    from moefleet.compose import EngineOptions, open_engine
     from moefleet.platform import open_store
     from moefleet.platform.billing import Meter
-    from moefleet.serve.deployed import deployed_engine
 
     adapter, want = in_process
     plan_path = _plan(tmp_path / "plan.yaml", str(model_dir))
     from moefleet.plan import DeploymentPlan
 
     store_dir = tmp_path / "store"
-    with deployed_engine(DeploymentPlan.load(plan_path), adapter,
+    with open_engine(adapter, plan=DeploymentPlan.load(plan_path),
                          store=open_store(str(store_dir)), backend="local",
                          model_ref=str(model_dir), backend_options={"workers": 2},
-                         max_num_seqs=4, audit=True) as d:
+                         options=EngineOptions(max_num_seqs=4), audit=True) as d:
         assert any(store_dir.rglob("*"))  # the weights were uploaded
         with running(d.engine, biller=d.biller) as s:
             got = complete_plan_prompts(s.url)

@@ -38,12 +38,12 @@ def _remoe_plan(path: Path, adapter: Any, model: str) -> Path:
 
 def test_served_remoe_plan_matches_in_process_and_bills_main_plus_remote(
         small_mixtral_dir: Path, tmp_path: Path) -> None:
-    from moefleet.compose.build import build_engine
+    from moefleet.compose import EngineOptions, open_engine
     from moefleet.models.registry import load_adapter
     from moefleet.plan import DeploymentPlan
     from moefleet.platform import open_store
     from moefleet.platform.billing import Meter
-    from moefleet.serve.deployed import deployed_engine
+    from tests.engine_helpers import build_engine
 
     model = str(small_mixtral_dir)
     adapter = load_adapter(model)
@@ -51,10 +51,11 @@ def test_served_remoe_plan_matches_in_process_and_bills_main_plus_remote(
         want = complete_plan_prompts(s.url)
     plan = DeploymentPlan.load(_remoe_plan(tmp_path / "remoe.yaml", adapter, model))
     store_dir = tmp_path / "store"
-    with deployed_engine(plan, adapter, store=open_store(str(store_dir)), backend="local",
-                         model_ref=model, backend_options={"workers": 1}, max_num_seqs=4,
-                         audit=True) as d:
-        assert d.functions == 2 and d.device == "cpu"  # one group per layer; main is here
+    with open_engine(adapter, plan=plan, store=open_store(str(store_dir)), backend="local",
+                     model_ref=model, backend_options={"workers": 1},
+                     options=EngineOptions(max_num_seqs=4), audit=True) as d:
+        # one group per layer; the main function is this process
+        assert len(d.backend.functions()) == 2 and d.device == "cpu"
         assert not d.backend.records()  # nothing invoked yet (no main function to call)
         with running(d.engine, biller=d.biller) as s:
             got = complete_plan_prompts(s.url)
@@ -129,8 +130,8 @@ def test_serve_cli_with_a_remoe_plan_answers_over_http_and_tears_down(
     from typer.testing import CliRunner
 
     from moefleet.cli import app as cli
-    from moefleet.compose.build import build_engine
     from moefleet.models.registry import load_adapter
+    from tests.engine_helpers import build_engine
     from tests.serve.conftest import free_port
 
     model = str(small_mixtral_dir)

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from moefleet.compose.build import build_engine
 from moefleet.engine import SamplingParams
 from moefleet.experts.kernels import in_process_experts
 from moefleet.experts.remote import RemoteExperts
@@ -26,6 +25,7 @@ from moefleet.runtime.handlers import CallContext, InitContext, expert_handler
 from moefleet.runtime.local import LocalBackend
 from moefleet.runtime.messages import encode
 from moefleet.runtime.payload import pack, unpack
+from tests.engine_helpers import build_engine
 
 pytestmark = pytest.mark.timeout(180)
 

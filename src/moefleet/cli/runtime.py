@@ -192,12 +192,12 @@ def _run(deployment: Path | None, plan: Path | None, dataset: str, tokens: int,
          batch_size: int, max_length: int, backend_name: str, store_url: str,
          workers: int | None, check: bool, json_mode: bool) -> dict[str, Any]:
     from moefleet.cli.models import load_with_progress
+    from moefleet.compose import StackOptions, open_engine
+    from moefleet.compose.score import score, score_options
     from moefleet.data import load_prompts, split_dataset
     from moefleet.plan import DeploymentPlan
     from moefleet.platform import load_platform, open_store
     from moefleet.runtime.deploy import Deployment
-    from moefleet.compose import StackOptions, open_engine
-    from moefleet.compose.score import score, score_options
     from moefleet.traces.profile import tokenize_prompts
 
     source: Deployment | DeploymentPlan

@@ -126,7 +126,7 @@ class DeployedParts:
 def deployed_parts(adapter: MoEModelAdapter, plan: DeploymentPlan | Deployment,
                    spec: PlatformSpec,
                    store: ObjectStore, stack: StackOptions, options: EngineOptions, *,
-                   backend: str, backend_options: Mapping[str, Any] | None,
+                   backend: str | FunctionBackend, backend_options: Mapping[str, Any] | None,
                    audit: bool) -> Iterator[DeployedParts]:
     """Deploy ``plan`` and build the runner, stack and biller over it (the root's docstring
     says which); tear down on exit."""
@@ -144,7 +144,8 @@ def deployed_parts(adapter: MoEModelAdapter, plan: DeploymentPlan | Deployment,
         where = "backend" if at_backend is not None else "expert seam"
         notes.append(f"faults: {stack.faults.kind} at {stack.faults.rate:.0%} of calls, at "
                      f"the {where} (" + ("real worker kills" if stack.faults.kind == "crash"
-                                         and backend == "local" else "emulated") + ")")
+                                         and _name(backend) == "local" else "emulated")
+                     + ")")
     wrap = (lambda fb: FaultyBackend(fb, at_backend)) if at_backend is not None else None
     kinds = {"expert", "segment"} if segments else {"expert"}
     with deployed_backend(plan, platform=spec, store=store, adapter=adapter, backend=backend,
@@ -166,6 +167,10 @@ def deployed_parts(adapter: MoEModelAdapter, plan: DeploymentPlan | Deployment,
             rx.close()
             if hasattr(runner, "close"):
                 runner.close()
+
+
+def _name(backend: str | FunctionBackend) -> str:
+    return backend if isinstance(backend, str) else backend.name
 
 
 def _expert_parts(adapter: MoEModelAdapter, dep: Deployment, fb: FunctionBackend,

@@ -53,6 +53,7 @@ from moefleet.plan import DeploymentPlan
 from moefleet.platform import ObjectStore, PlatformSpec, load_platform, open_store
 from moefleet.runtime.base import FunctionBackend
 from moefleet.runtime.deploy import Deployment
+from moefleet.runtime.faults import FaultyBackend
 
 
 @dataclass
@@ -96,7 +97,9 @@ class OpenedEngine:
     def faults_injected(self) -> int:
         f = find(self.stack, FaultyExperts)
         injected = f.injected if f is not None else 0
-        return injected + int(getattr(self.backend, "injected", 0) or 0)
+        if isinstance(self.backend, FaultyBackend):
+            injected += self.backend.injected
+        return injected
 
 
 def assemble(runner: ModelRunner, *, tokenizer: Any, options: EngineOptions,
@@ -111,13 +114,15 @@ def assemble(runner: ModelRunner, *, tokenizer: Any, options: EngineOptions,
 def open_engine(adapter: MoEModelAdapter, *,
                 plan: DeploymentPlan | Deployment | None = None,
                 stack: StackOptions | None = None, options: EngineOptions | None = None,
-                backend: str = "local", store: ObjectStore | str | None = None,
+                backend: str | FunctionBackend = "local",
+                store: ObjectStore | str | None = None,
                 platform: PlatformSpec | None = None,
                 backend_options: Mapping[str, Any] | None = None,
                 billing: Billing | None = None, model_ref: str | None = None,
                 audit: bool = False) -> Iterator[OpenedEngine]:
-    """See the module docstring. ``store``: an object store or its URL/directory (None with
-    a plan: a temporary directory, removed on exit). ``model_ref``: the name the user gave
+    """See the module docstring. ``backend``: a backend name, or a backend that already runs
+    (left running on exit). ``store``: an object store or its URL/directory (None with a
+    plan: a temporary directory, removed on exit). ``model_ref``: the name the user gave
     for the model (a plan must be for it). ``audit``: the biller keeps every priced record
     per request (tests re-price them). ``plan`` may be a deployment already made (``moefleet
     deploy``): its functions are created on its own backend and its weights stay."""

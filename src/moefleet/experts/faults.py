@@ -10,7 +10,8 @@ import time
 from typing import Any
 
 from moefleet.errors import MoefleetError
-from moefleet.experts.stack import ExpertStack
+from moefleet.experts.stack import ExpertStack, as_stack
+from moefleet.models.base import ExpertFn
 from moefleet.runtime.errors import FunctionCrashedError, InvocationTimeoutError
 from moefleet.runtime.faults import EXPERT_FAULTS, Dice, FaultPlan, InjectedThrottle
 
@@ -19,12 +20,12 @@ class FaultyExperts(ExpertStack):
     """An ``ExpertFn`` that injects ``plan``'s fault into a seeded fraction of calls to
     ``inner`` (see the module docstring); thread-safe, counts what it injected."""
 
-    def __init__(self, inner: ExpertStack, plan: FaultPlan) -> None:
+    def __init__(self, inner: ExpertStack | ExpertFn, plan: FaultPlan) -> None:
         if plan.kind not in EXPERT_FAULTS and plan.kind != "none":
             raise MoefleetError(f"fault kind {plan.kind!r} cannot be injected at the expert "
                                 "seam", f"use one of: {', '.join(EXPERT_FAULTS)}")
-        self.inner, self.plan = inner, plan
-        self.inners = (inner,)
+        self.inner, self.plan = as_stack(inner), plan
+        self.inners = (self.inner,)
         self._dice = Dice(plan.rate if plan.kind != "none" else 0.0, plan.seed + 13)
         self.calls = 0
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from moefleet.experts.stack import ExpertStack
+from moefleet.experts.stack import ExpertStack, as_stack
+from moefleet.models.base import ExpertFn
 from moefleet.runtime.retry import RetryPolicy, retry_call
 
 
@@ -18,9 +19,9 @@ class RetryingExperts(ExpertStack):
     """An ExpertFn that retries ``inner``'s transient failures under ``policy``;
     ``retries`` counts the calls repeated (thread-safe enough: one engine thread)."""
 
-    def __init__(self, inner: ExpertStack, policy: RetryPolicy) -> None:
-        self.inner, self.policy = inner, policy
-        self.inners = (inner,)
+    def __init__(self, inner: ExpertStack | ExpertFn, policy: RetryPolicy) -> None:
+        self.inner, self.policy = as_stack(inner), policy
+        self.inners = (self.inner,)
         self.retries = 0
 
     def __call__(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,

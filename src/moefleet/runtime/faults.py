@@ -148,6 +148,11 @@ class FaultyBackend(FunctionBackend):
         with self._lock:
             return self.inner.records() + list(self._failed)
 
+    def failed_records(self) -> list[InvocationRecord]:
+        """The attempts this wrapper billed itself (injected timeouts), not the inner's."""
+        with self._lock:
+            return list(self._failed)
+
     def teardown(self) -> None:
         self.inner.teardown()
 

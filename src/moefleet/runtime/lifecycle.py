@@ -45,7 +45,7 @@ def deploy(plan: DeploymentPlan, adapter: MoEModelAdapter, platform: PlatformSpe
 @contextlib.contextmanager
 def deployed_backend(
     source: DeploymentPlan | Deployment, *, platform: PlatformSpec, store: ObjectStore,
-    adapter: MoEModelAdapter | None = None, backend: str = "local",
+    adapter: MoEModelAdapter | None = None, backend: str | FunctionBackend = "local",
     backend_options: Mapping[str, Any] | None = None,
     kinds: Collection[str] | None = None,
     wrap: Callable[[FunctionBackend], FunctionBackend] | None = None,
@@ -54,26 +54,29 @@ def deployed_backend(
     brings its own backend name), create its functions of the ``kinds`` asked for (None:
     all; the caller plays the others, e.g. ``serve`` plays the main function), yield the
     deployment and the backend (``wrap``-ped, e.g. by fault injection), and always tear
-    down (see the module invariants)."""
+    down (see the module invariants). ``backend`` may be a backend that already runs (a
+    test's, a benchmark's): the functions are created on it, and it is left running."""
+    given = backend if isinstance(backend, FunctionBackend) else None
+    name = given.name if given is not None else str(backend)
     if isinstance(source, DeploymentPlan):
         if adapter is None:
             raise MoefleetError("deploying a plan needs its model",
                                 "pass adapter=load_adapter(plan.model)")
-        dep = deploy(source, adapter, platform, store, backend_name=backend)
+        dep = deploy(source, adapter, platform, store, backend_name=name)
         owned = True
     else:
         dep, owned = source, False
     options = {"store": dep.store, **(backend_options or {})}
     fb: FunctionBackend | None = None
     try:
-        fb = create_backend(dep.backend, platform, **options)
+        fb = given if given is not None else create_backend(dep.backend, platform, **options)
         if wrap is not None:
             fb = wrap(fb)
         install(dep, fb, kinds=kinds)
         yield dep, fb
     finally:
         try:
-            if fb is not None:
+            if fb is not None and given is None:
                 fb.teardown()
         finally:
             if owned:

@@ -1,7 +1,7 @@
 """Run requests through a deployment under one :class:`~moefleet.runtime.faults.FaultPlan`
 and account for every one: accepted, completed, lost, output equal to the monolithic
 model, latency and billed cost (failed attempts included). Used by the fault tests and
-``benchmarks/faults.py``.
+``benchmarks/faults.py``. Requests go through the composition root (``compose.open_engine``).
 
 A request is *lost* when it was accepted but neither completed nor failed with a clear
 error; the harness catches every exception a request raises, so a request that fails is
@@ -10,7 +10,6 @@ counted as ``failed`` (with its error), never silently dropped.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,14 +17,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from moefleet.models.base import MoEModelAdapter
 from moefleet.platform import Meter, ObjectStore, PlatformSpec
 from moefleet.runtime.base import FunctionBackend
 from moefleet.runtime.deploy import Deployment
-from moefleet.runtime.executor import Executor
-from moefleet.runtime.faults import EMULATED, FaultPlan, FaultyBackend, FaultyStore, ResilientStore
+from moefleet.runtime.faults import (
+    BACKEND_FAULTS,
+    EMULATED,
+    FaultPlan,
+    FaultyBackend,
+    FaultyStore,
+    ResilientStore,
+)
 from moefleet.runtime.retry import POLICIES
-
-Batch = tuple[torch.Tensor, torch.Tensor, list[str]]
 
 
 @dataclass
@@ -65,35 +69,44 @@ class FaultRun:
                 "errors": self.errors[:5]}
 
 
-def run_under_faults(dep: Deployment, backend: FunctionBackend, store: ObjectStore,
-                     platform: PlatformSpec, plan: FaultPlan, batches: Sequence[Batch],
-                     reference: Any, atol: float = 1e-4) -> FaultRun:
-    """Each batch is one request (its ids/mask/request ids); ``reference`` is the adapter
-    whose ``reference_forward`` gives the monolithic output."""
-    faulty = FaultyBackend(backend, plan)
+def run_under_faults(adapter: MoEModelAdapter, dep: Deployment, backend: FunctionBackend,
+                     store: ObjectStore, platform: PlatformSpec, plan: FaultPlan,
+                     prompts: Sequence[list[int]], atol: float = 1e-4) -> FaultRun:
+    """Score each prompt as its own request (one step each) through the segment runner
+    over ``dep``'s functions on ``backend``, under ``plan``: backend faults at the backend,
+    store faults on the caller's store (retried by :class:`ResilientStore`). ``adapter``
+    gives the monolithic output to compare with."""
+    from moefleet.compose import StackOptions, open_engine
+    from moefleet.compose.run import run_billed
+    from moefleet.compose.score import SCORE, score_options
+
     fstore = FaultyStore(store, plan)
     before = len(backend.records())
     run = FaultRun(backend.name, plan.kind, plan.rate)
-    with Executor(dep, faulty, ResilientStore(fstore, seed=plan.seed), platform) as ex:
-        for ids, mask, rids in batches:
-            run.accepted += 1
-            t0 = time.perf_counter()
-            try:
-                res = ex.run_batch(ids, mask, rids)
-            except Exception as err:  # counted, never dropped: a clear error is not a loss
-                run.failed += 1
-                run.errors.append(f"{type(err).__name__}: {err}")
-                continue
-            run.latencies_s.append(time.perf_counter() - t0)
-            run.completed += 1
-            want = reference.reference_forward(ids, mask)
-            real_BT = mask.bool() if mask is not None else slice(None)  # padding: no experts
-            run.outputs_equal += int((res.output - want)[real_BT].abs().max().item() <= atol)
-    records = faulty.records()[before:]
+    stack = StackOptions(faults=plan if plan.kind in BACKEND_FAULTS else None)
+    longest = max(len(p) for p in prompts)
+    with open_engine(adapter, plan=dep, stack=stack, backend=backend,
+                     store=ResilientStore(fstore, seed=plan.seed), platform=platform,
+                     options=score_options(1, max(2, longest))) as opened:
+        res = run_billed(opened, [list(p) for p in prompts], SCORE)
+        faulty = opened.backend if isinstance(opened.backend, FaultyBackend) else None
+    for ids, out in zip(prompts, res.outputs, strict=True):
+        run.accepted += 1
+        if out.finish_reason == "error":  # counted, never dropped: a clear error is no loss
+            run.failed += 1
+            run.errors.append(out.error or "")
+            continue
+        run.completed += 1
+        if out.times is not None and out.times.e2e_s is not None:
+            run.latencies_s.append(out.times.e2e_s)
+        want = adapter.reference_forward(torch.tensor([list(ids)]))[0]
+        assert out.prompt_outputs is not None  # a scored request carries its outputs
+        run.outputs_equal += int((out.prompt_outputs - want).abs().max().item() <= atol)
+    records = backend.records()[before:] + (faulty.failed_records() if faulty else [])
     bill = Meter(platform, records).bill()
     run.cost_usd = bill.total.total
     run.failed_attempts = bill.failed_attempts
     run.failed_attempt_cost_usd = bill.failed.total
-    run.injected = faulty.injected + fstore.injected
-    run.retries = faulty.retries
+    run.injected = (faulty.injected if faulty else 0) + fstore.injected
+    run.retries = faulty.retries if faulty else 0
     return run

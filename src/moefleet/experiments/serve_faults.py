@@ -29,9 +29,9 @@ from typing import Any
 
 from moefleet.compose.root import OpenedEngine
 from moefleet.engine import EngineError, SamplingParams
+from moefleet.experiments.fault_runs import FaultRun
 from moefleet.experts.faults import FaultyExperts
 from moefleet.experts.stack import find
-from moefleet.runtime.fault_runs import FaultRun
 from moefleet.runtime.faults import FaultPlan
 from moefleet.runtime.retry import POLICIES
 from moefleet.serve.bench import sse_events
