@@ -109,6 +109,9 @@ def serve_cmd(
         from moefleet.engine.build import build_engine, check_engine_args
 
         check_engine_args(device, max_num_seqs)  # before the model loads
+        from moefleet.platform import load_platform
+
+        load_platform(platform)  # a bad --platform fails before the model loads, too
         from moefleet.models.registry import load_adapter
 
         spec = None
