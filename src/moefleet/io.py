@@ -5,6 +5,11 @@ then ``os.replace``-d over the target (atomic on POSIX within one filesystem). O
 exception the temporary file is removed and the target is left untouched. Files get the
 mode a plain ``open()`` would give them (``0o666`` minus the umask), not ``mkstemp``'s 0600.
 
+Outputs are regular files only: an existing device, FIFO, socket or directory at the
+path, or a symlink to one (or a dangling one), is refused, never replaced; a symlink to
+a regular file is written through (its target is replaced, the link stays). ``-`` is
+stdout only where a command says so (``stdout_ok``).
+
 Every command checks all of its output paths with :func:`check_output_paths` *before* it
 starts work, so a bad ``--png`` never leaves a half-done set of outputs behind; every
 problem here is an :class:`~moefleet.errors.OutputPathError` or
@@ -18,6 +23,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +31,8 @@ from typing import Any
 
 from moefleet.errors import DataError, OutputPathError
 
+#: The output path that means stdout, where a command prints data (``-o -``).
+STDOUT = "-"
 #: Largest text/YAML/JSON input file read whole (plans, platforms, profiles, CSVs).
 MAX_TEXT_INPUT_BYTES = 256 * 1024 * 1024
 
@@ -36,19 +44,84 @@ def _umask() -> int:
     return mask
 
 
-def check_output_path(target: str | os.PathLike[str] | None, what: str = "output") -> None:
-    """Raise ``OutputPathError`` unless ``target`` can be written as a regular file.
+def is_stdout(target: str | os.PathLike[str] | None) -> bool:
+    """Whether ``target`` is ``-``, which names stdout where a command prints data."""
+    return target is not None and os.fspath(target) == STDOUT
 
-    Checks: not an existing directory; the nearest existing parent is a writable
-    directory (we create missing parents later). Creates nothing."""
+
+def _kind(mode: int) -> str:
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+
+
+def _not_regular(what: str, p: Path, mode: int, via: str, stdout_ok: bool) -> OutputPathError:
+    if stat.S_ISDIR(mode):
+        return OutputPathError(f"{what} {p} is {via}a directory",
+                               f"name a file, e.g. {p / 'out'}")
+    return OutputPathError(
+        f"{what} {p} is {via}{_kind(mode)}; moefleet writes only regular files",
+        "name a regular file" + (", or - for stdout" if stdout_ok else
+                                 "; to write nothing, leave the option out"))
+
+
+def check_output_path(target: str | os.PathLike[str] | None, what: str = "output", *,
+                      stdout_ok: bool = False) -> Path | None:
+    """The path to write ``target`` at, or ``OutputPathError`` unless it can be written
+    as a regular file. Creates nothing.
+
+    Refused: an existing entry that is not a regular file (directory, character or block
+    device, FIFO, socket), a symlink that dangles, loops or leads to anything but a
+    regular file, a parent that is not a writable directory (or under /proc, /sys), and
+    ``-`` unless ``stdout_ok`` (then ``-`` is stdout and None is returned). A symlink to
+    a regular file is followed: the result is the resolved target, so the link stays and
+    the file it points at is replaced (a writer renames over the link's target, never
+    over the link)."""
     if target is None:
-        return
-    p = Path(os.fspath(target)).expanduser()
-    if os.fspath(target) == "":
+        return None
+    raw = os.fspath(target)
+    if raw == "":
         raise OutputPathError(f"{what}: empty path", "name a file, e.g. -o out.json")
-    if p.is_dir():
-        raise OutputPathError(f"{what} {p} is a directory", f"name a file, e.g. {p / 'out'}")
-    if p.exists() and not os.access(p, os.W_OK):
+    if raw == STDOUT:
+        if stdout_ok:
+            return None
+        raise OutputPathError(f"{what} - (stdout) is not supported for this output",
+                              "name a file, e.g. out.json")
+    p = Path(raw).expanduser()
+    try:
+        st: os.stat_result | None = os.lstat(p)
+    except FileNotFoundError:
+        st = None
+    except OSError as err:  # ENOTDIR, EACCES, ELOOP on a parent
+        raise OutputPathError(f"{what} {p}: {err.strerror}", "choose another path") from None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            raise OutputPathError(f"{what} {p} is a dangling symlink (to {os.readlink(p)})",
+                                  "remove the link or name a regular file") from None
+        except OSError as err:
+            raise OutputPathError(f"{what} {p} is a symlink that cannot be followed "
+                                  f"({err.strerror})", "name a regular file") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(what, p, st.st_mode, "a symlink to ", stdout_ok)
+        resolved = p.resolve()
+        if _through_pseudo_fs(p) or not _same_file(resolved, st):
+            # e.g. /proc/self/fd/1: "following" it names another process's view of a file
+            raise OutputPathError(
+                f"{what} {p} is a symlink through /proc or /sys (to {os.readlink(p)}); "
+                "moefleet writes only regular files",
+                "name a regular file" + (", or - for stdout" if stdout_ok else ""))
+        p = resolved
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise _not_regular(what, p, st.st_mode, "", stdout_ok)
+    if st is not None and not os.access(p, os.W_OK):
         raise OutputPathError(f"{what} {p} is not writable", "choose another path")
     parent = p.parent if str(p.parent) else Path(".")
     while not parent.exists():
@@ -62,6 +135,7 @@ def check_output_path(target: str | os.PathLike[str] | None, what: str = "output
         raise OutputPathError(
             f"{what} {p}: cannot write into {parent} (permission denied)",
             "choose a directory you can write to")
+    return p
 
 
 def check_output_dir(target: str | os.PathLike[str] | None, what: str = "output folder") -> None:
@@ -80,17 +154,40 @@ def check_output_dir(target: str | os.PathLike[str] | None, what: str = "output 
                               "choose a folder you can write to")
 
 
-def check_output_paths(*targets: tuple[str, str | os.PathLike[str] | None]) -> None:
-    """Check every ``(what, path)`` pair, and that no two outputs are the same file."""
+def check_output_paths(*targets: tuple[str, str | os.PathLike[str] | None],
+                       stdout: tuple[str, ...] = ()) -> None:
+    """Check every ``(what, path)`` pair (``-`` allowed for the ``what``s in ``stdout``),
+    and that no two outputs are the same file."""
     seen: dict[str, str] = {}
     for what, t in targets:
-        check_output_path(t, what)
-        if t is not None:
-            key = os.path.abspath(os.fspath(t))
+        resolved = check_output_path(t, what, stdout_ok=what in stdout)
+        if resolved is not None:
+            key = os.path.abspath(resolved)
             if key in seen:
                 raise OutputPathError(f"{what} and {seen[key]} are the same file {t}",
                                       "give each output its own path")
             seen[key] = what
+
+
+def _through_pseudo_fs(link: Path) -> bool:
+    """Whether the chain of symlinks from ``link`` names a path under /proc or /sys."""
+    cur = link
+    for _ in range(40):  # the kernel's own limit on a chain
+        if not cur.is_symlink():
+            return False
+        nxt = Path(os.readlink(cur))
+        cur = Path(os.path.abspath(nxt if nxt.is_absolute() else cur.parent / nxt))
+        if any(str(cur) == r or str(cur).startswith(r + "/") for r in ("/proc", "/sys")):
+            return True
+    return True
+
+
+def _same_file(path: Path, st: os.stat_result) -> bool:
+    try:
+        there = os.stat(path)
+    except OSError:
+        return False
+    return (there.st_dev, there.st_ino) == (st.st_dev, st.st_ino)
 
 
 def _is_pseudo_fs(path: Path) -> bool:
@@ -101,9 +198,13 @@ def _is_pseudo_fs(path: Path) -> bool:
 
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path next to ``target``; rename it over ``target`` on success."""
-    target = Path(target)
-    check_output_path(target)
+    """Yield a temporary path next to ``target`` (next to the file a symlink points at);
+    rename it over that file on success. ``target`` must pass :func:`check_output_path`,
+    and is checked again just before the rename (a FIFO or device put there meanwhile
+    is refused, not replaced)."""
+    checked = check_output_path(target)
+    assert checked is not None  # "-" is refused without stdout_ok
+    target = checked
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -117,6 +218,7 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
         with open(tmp_path, "rb") as fh:
             os.fsync(fh.fileno())
         os.chmod(tmp_path, 0o666 & ~_umask())
+        check_output_path(target)
         try:
             os.replace(tmp_path, target)
         except OSError as err:
@@ -221,3 +323,43 @@ def yaml_error_line(err: Exception) -> str:
     mark = getattr(err, "problem_mark", None)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     return f"{problem}{where}"
+
+
+#: torch releases whose ``weights_only`` unpickler is safe (CVE-2025-32434 before 2.6).
+SAFE_TORCH = (2, 6)
+
+
+def load_torch_data(path: str | os.PathLike[str], what: str, hint: str = "") -> Any:
+    """What ``torch.save`` wrote to ``path`` (tensors in dicts, lists, tuples, numbers,
+    strings), read with torch's ``weights_only`` unpickler: a file naming any other
+    Python object is refused before anything in it runs. The only place moefleet calls
+    ``torch.load``; errors are one ``DataError`` line naming the file."""
+    import pickle
+    import zipfile
+
+    import torch
+
+    p = check_input_file(path, what, hint)
+    major, minor = (int("".join(c for c in x if c.isdigit()) or 0)
+                    for x in torch.__version__.split(".")[:2])
+    if (major, minor) < SAFE_TORCH:
+        raise DataError(f"reading {what} {p} safely needs torch >= 2.6 (this is "
+                        f"{torch.__version__})", "upgrade torch")
+    try:
+        return torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise DataError(f"{what} {p} holds Python objects other than tensors and plain "
+                        f"data; refused without loading them{refusal_reason(err)}",
+                        hint or "re-create the file") from None
+    except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
+        line = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise DataError(f"{what} {p} is not a readable torch file ({line})",
+                        hint or "re-create the file") from None
+
+
+def refusal_reason(err: BaseException) -> str:
+    """`` (<the global torch's weights_only loader refused>)`` from its error, or "".
+    Its message also suggests ``weights_only=False``; that advice is never shown."""
+    lines = [ln.strip() for ln in str(err).splitlines()
+             if "unsupported" in ln.lower() or "GLOBAL" in ln]
+    return f" ({lines[0][:160]})" if lines else ""

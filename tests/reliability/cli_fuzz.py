@@ -25,7 +25,7 @@ STR_BAD = ["", "bogus", "../../etc/passwd", "ü🚀", "-", "a" * 300, "poisson:r
            "synthetic:blocks=-1"]
 IN_BAD = ["missing.yaml", "adir", "binary.bin", "empty.txt", "list.json", "trace.parquet",
           "plan.yaml", "counts.npy", "/proc/nope", ""]
-OUT_BAD = ["adir", "/proc/nope/x.json", "binary.bin/x.json", ""]
+OUT_BAD = ["adir", "/proc/nope/x.json", "binary.bin/x.json", "", "fifo", "link-to-fifo"]
 STORE_BAD = ["", "/proc/nope/store", "binary.bin", "   "]
 PORT_BAD = ["-1", "65536", "abc", "", "1e12", "99999999999999999999", "1.5"]
 POS_FLOAT_BAD = ["-1", "nan", "inf", "-inf", "1e300", "abc", "", "-0.0", "0"]
@@ -117,6 +117,7 @@ COMMANDS: dict[str, tuple[list[str], dict[str, tuple[str, str]]]] = {
     "autoscale eval": ([], {
         "--checkpoint": ("ck.pt", "in"), "--baselines": ("static", "str"),
         "--pattern": ("bursty", "str"), "--windows": ("1", "int"), "-o": ("ev.json", "out")}),
+    "autoscale convert-checkpoint": (["ck.pt", "new.safetensors"], {}),
     "export": (["plan.yaml"], {"--format": ("knative", "str"), "-o": ("svc.yaml", "out")}),
     "brownout distill": ([], {
         "--model": ("tiny-moe-lm-e32", "str"), "--ways": ("2", "str"),
@@ -129,7 +130,8 @@ COMMANDS: dict[str, tuple[list[str], dict[str, tuple[str, str]]]] = {
         "--activation": ("act.npy", "in"), "--n-in": ("16", "int"), "--n-out": ("8", "int"),
         "-o": ("r.yaml", "out")}) for policy in ("remoe", "cpu", "gpu", "mix", "fetch")},
 }
-POSITIONAL_KIND = {"plan show": "in", "traces show": "in", "platforms show": "str",
+POSITIONAL_KIND = {"autoscale convert-checkpoint": "in", "plan show": "in",
+                   "traces show": "in", "platforms show": "str",
                    "deploy": "in", "models info": "str", "export": "in"}
 MODEL_LOAD = "FUZZ-MODEL-LOAD-REACHED"
 
@@ -169,6 +171,8 @@ def make_seeds(folder: Path) -> None:
     (folder / "binary.bin").write_bytes(bytes(range(256)) * 4)
     (folder / "empty.txt").write_text("")
     (folder / "list.json").write_text("[1, 2]")
+    os.mkfifo(folder / "fifo")  # an output must never open (or replace) one
+    (folder / "link-to-fifo").symlink_to(folder / "fifo")
     import numpy as np  # a Remoe activation distribution (layers x experts, rows sum to 1)
 
     act = np.random.default_rng(0).random((26, 64))

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from moefleet.brownout.groups import BrownoutError, Grouping
-from moefleet.io import atomic_dir
+from moefleet.io import atomic_dir, load_torch_data
 from moefleet.models.base import MoEModelAdapter
 from moefleet.paths import cache_dir
 
@@ -117,13 +117,21 @@ def load_entry(path: Path, adapter: MoEModelAdapter, ways: int | None = None) ->
     f = path / "united.pt"
     if not f.is_file():
         raise BrownoutError(f"no united experts at {path}", "run `moefleet brownout distill`")
-    data = torch.load(f, weights_only=True)
-    groups = {int(k): tuple(tuple(g) for g in v) for k, v in data["groups"].items()}
-    grouping = Grouping(int(data["ways"]), str(data["kind"]), groups)
-    united = UnitedExperts(str(data["model"]), str(data["model_key"]), grouping, {})
+    data = load_torch_data(f, "united experts", "distill again: moefleet brownout distill")
+    try:
+        groups = {int(k): tuple(tuple(int(i) for i in g) for g in v)
+                  for k, v in data["groups"].items()}
+        grouping = Grouping(int(data["ways"]), str(data["kind"]), groups)
+        united = UnitedExperts(str(data["model"]), str(data["model_key"]), grouping, {})
+        layers = [(int(layer), list(states)) for layer, states in data["state"].items()]
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise BrownoutError(f"{f} is not a united-experts file ({type(err).__name__}: {err})",
+                            "distill again: moefleet brownout distill") from None
     united.check_for(adapter, ways)
-    for layer, states in data["state"].items():
-        layer_i = int(layer)
+    for layer_i, states in layers:
+        if len(states) != len(groups.get(layer_i, ())):
+            raise BrownoutError(f"{f}: layer {layer_i} has {len(states)} united experts for "
+                                f"{len(groups.get(layer_i, ()))} groups", "distill again")
         mods = []
         for members, state in zip(groups[layer_i], states, strict=True):
             m = copy.deepcopy(adapter.expert(layer_i, members[0]))

@@ -1,8 +1,12 @@
 """``moefleet autoscale train|eval``: the sMoE autoscaler, trained and compared in the
 simulator.
 
-    moefleet autoscale train --out smoe.pt --episodes 60 --time-budget 1500
-    moefleet autoscale eval --checkpoint smoe.pt --pattern bursty --windows 2
+    moefleet autoscale train --out smoe.safetensors --episodes 60 --time-budget 1500
+    moefleet autoscale eval --checkpoint smoe.safetensors --pattern bursty --windows 2
+    moefleet autoscale convert-checkpoint old.pt smoe.safetensors
+
+Checkpoints are safetensors files with JSON metadata (the extension is free); nothing in
+one is executed when it is read (README, trust model).
 """
 
 from __future__ import annotations
@@ -13,7 +17,15 @@ from typing import Annotated, Any
 
 import typer
 
-from moefleet.cli.common import emit_json, err_console, out_console, progress, user_errors
+from moefleet.cli.common import (
+    check_outputs,
+    emit_json,
+    err_console,
+    is_stdout,
+    out_console,
+    progress,
+    user_errors,
+)
 from moefleet.errors import MoefleetError
 
 app = typer.Typer(help="Train and evaluate the sMoE autoscaler in the simulator.",
@@ -115,9 +127,10 @@ def train_cmd(
     """Train sMoE offline in the simulator on Azure Functions 2019 windows (slow,
     normal, bursty by inter-arrival CV), saving a checkpoint after every episode.
 
-    Example: moefleet autoscale train --out smoe.pt --episodes 60 --time-budget 1500
+    Example: moefleet autoscale train --out smoe.safetensors --episodes 60 --time-budget 1500
     """
     with user_errors():
+        check_outputs(("--out", out))
         import torch
 
         from moefleet.autoscale.smoe import DDPGConfig
@@ -189,13 +202,15 @@ def eval_cmd(
     windows: Annotated[int, typer.Option(help="Held-out windows per pattern.")] = 2,
     seed: Annotated[int, typer.Option(help="Seed (arrivals).")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="JSON result on stdout.")] = False,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write JSON here.")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write JSON here (- for stdout).")] = None,
 ) -> None:
     """Compare sMoE checkpoints with the baselines on held-out windows.
 
-    Example: moefleet autoscale eval -c smoe.pt --pattern bursty --windows 2
+    Example: moefleet autoscale eval -c smoe.safetensors --pattern bursty --windows 2
     """
     with user_errors():
+        check_outputs(("--out", out), stdout=("--out",), json_mode=as_json)
         import torch
 
         from moefleet.autoscale.smoe.evaluate import BASELINES, baseline, evaluate, smoe_factory
@@ -240,7 +255,9 @@ def eval_cmd(
         if space.has_gpu:  # every figure then depends on the GPU time model
             res["gpu"] = ("emulated: simulator GPU slices on a datasheet roofline "
                           "(moefleet.profiles.gpu), priced at the platform's GPU rate x share")
-        if out is not None:
+        if is_stdout(out):
+            emit_json(res)
+        elif out is not None:
             write_json_atomic(out, res)
         if as_json:
             emit_json(res)
@@ -261,4 +278,23 @@ def eval_cmd(
                     cells.append(" / ".join(_gpu_share_text(r["pod_s_by_gpu_share"].get(k, {}))
                                             for k in ("segment", "expert")))
                 t.add_row(*cells)
-            out_console(False).print(t)
+            out_console(is_stdout(out)).print(t)
+
+
+@app.command("convert-checkpoint")
+def convert_cmd(
+    old: Annotated[Path, typer.Argument(help="Format-1 checkpoint (a torch pickle, .pt).")],
+    new: Annotated[Path, typer.Argument(help="Format-2 checkpoint to write (.safetensors).")],
+) -> None:
+    """Convert an sMoE checkpoint of format 1 (a torch pickle) to format 2 (safetensors
+    + JSON). The old file is read with torch's weights_only loader: a file holding
+    anything but tensors and plain data is refused, nothing in it runs.
+
+    Example: moefleet autoscale convert-checkpoint smoe.pt smoe.safetensors
+    """
+    with user_errors():
+        check_outputs(("NEW", new))
+        from moefleet.autoscale.smoe.convert import convert_checkpoint
+
+        path = convert_checkpoint(old, new)
+    out_console(False).print(f"wrote {path} (sMoE checkpoint format 2)", highlight=False)

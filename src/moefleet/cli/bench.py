@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from moefleet.cli.common import emit_json, err_console, out_console, user_errors
+from moefleet.cli.common import check_outputs, emit_json, err_console, out_console, user_errors
 from moefleet.errors import MoefleetError
 
 app = typer.Typer(help="Benchmarks against running systems.", no_args_is_help=True)
@@ -41,6 +41,8 @@ def bench_serve_cmd(
     --workload poisson:rate=4 --duration 30 --slo-ttft 0.5 --slo-tpot 0.05
     """
     with user_errors():
+        check_outputs(("--out", out))  # before with_suffix, which refuses a bare "."
+        check_outputs(("--out's PNG", out.with_suffix(".png")))
         from moefleet.data.registry import load_prompts
         from moefleet.io import atomic_path, write_json_atomic
         from moefleet.serve.bench import BenchConfig, plot, run_bench, summarize

@@ -3,7 +3,10 @@
 Conventions every command follows:
 - ``--json`` prints a machine-readable result on stdout and nothing else there; rich
   output (tables, progress) goes to stderr in that mode.
-- ``-o/--out`` names output files; writes are atomic.
+- ``-o/--out`` names output files; writes are atomic and go to regular files only.
+  Where a command's ``-o`` is data it prints (a plan, manifests, results JSON), ``-o -``
+  prints it on stdout and the human-readable output goes to stderr; elsewhere ``-`` is
+  refused.
 - ``--seed`` wherever randomness enters.
 - A :class:`~moefleet.errors.MoefleetError` becomes ``error: ...`` / ``hint: ...`` on
   stderr and a non-zero exit, never a traceback.
@@ -31,7 +34,7 @@ from rich.progress import (
 from rich.text import Text
 
 from moefleet.errors import MoefleetError, validation_message
-from moefleet.io import check_output_paths, dumps_json
+from moefleet.io import check_output_paths, dumps_json, is_stdout, write_text_atomic
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)
@@ -98,9 +101,26 @@ def user_errors() -> Iterator[None]:
         raise fail(clean) from None
 
 
-def check_outputs(*targets: tuple[str, Path | str | None]) -> None:
-    """Validate every output path before a command starts work (raises MoefleetError)."""
-    check_output_paths(*targets)
+def check_outputs(*targets: tuple[str, Path | str | None], stdout: tuple[str, ...] = (),
+                  json_mode: bool = False) -> None:
+    """Validate every output path before a command starts work (raises MoefleetError).
+    The options named in ``stdout`` may be ``-``; with ``json_mode`` (``--json`` also
+    prints on stdout) they may not."""
+    if json_mode:
+        for what, t in targets:
+            if what in stdout and is_stdout(t):
+                raise MoefleetError(f"{what} - and --json would both print on stdout",
+                                    f"drop --json, or write {what} to a file")
+    check_output_paths(*targets, stdout=stdout)
+
+
+def write_data(out: Path | str, text: str) -> None:
+    """``text`` on stdout for ``-``, else atomically into the file ``out``."""
+    if is_stdout(out):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        write_text_atomic(out, text)
 
 
 class PlainProgress(Progress):

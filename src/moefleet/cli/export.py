@@ -8,14 +8,15 @@ from typing import Annotated
 
 import typer
 
-from moefleet.cli.common import out_console, user_errors
+from moefleet.cli.common import check_outputs, is_stdout, out_console, user_errors, write_data
 from moefleet.errors import MoefleetError
 
 
 def export_cmd(
     plan: Annotated[Path, typer.Argument(help="Plan YAML.")],
     fmt: Annotated[str, typer.Option("--format", "-f", help="openfaas|knative|ray-serve.")],
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write YAML here.")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write YAML here (default, or -: stdout).")] = None,
     image: Annotated[str, typer.Option(help="Container image of the functions.")] = (
         "moefleet/function:latest"),
     decisions: Annotated[Path | None, typer.Option(
@@ -27,8 +28,8 @@ def export_cmd(
     Example: moefleet export plan.yaml --format knative -o services.yaml
     """
     with user_errors():
+        check_outputs(("--out", out), stdout=("--out",))
         from moefleet.autoscale.base import FunctionConfig
-        from moefleet.io import write_text_atomic
         from moefleet.plan import DeploymentPlan
         from moefleet.plan.export import export
         from moefleet.platform import load_platform
@@ -47,8 +48,6 @@ def export_cmd(
                                     'write {"exp-0-1": {"memory_mb": 1024, "replicas": 2}}'
                                     ) from None
         text = export(p, fmt, load_platform(p.platform), image=image, decisions=dec)
-        if out is None:
-            typer.echo(text, nl=False)
-        else:
-            write_text_atomic(out, text)
+        write_data(out or "-", text)
+        if out is not None and not is_stdout(out):
             out_console(False).print(f"wrote {out} ({fmt})", highlight=False)

@@ -15,8 +15,10 @@ from moefleet import limits as L
 from moefleet.cli.common import (
     check_outputs,
     emit_json,
+    is_stdout,
     out_console,
     user_errors,
+    write_data,
 )
 from moefleet.errors import DataError, MoefleetError
 
@@ -157,8 +159,8 @@ def plan_cmd(
     counts: Annotated[Path | None, typer.Option(
         help="Routing trace (.parquet) or counts_LE (.npy): tokens per expert.")] = None,
     profile: Annotated[Path | None, typer.Option(help="Compute profile JSON.")] = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Plan YAML to write.")] = Path(
-        "plan.yaml"),
+    out: Annotated[Path, typer.Option(
+        "--out", "-o", help="Plan YAML to write (- for stdout).")] = Path("plan.yaml"),
     tokens: Annotated[int | None, typer.Option(
         min=1, max=L.MAX_TOKENS,
         help="Tokens in the batch (default: the trace's; for .npy the largest layer sum).")
@@ -207,21 +209,23 @@ def plan_cmd(
 
     if policy in REMOE_POLICIES:
         with user_errors():
+            check_outputs(("--out", out), stdout=("--out",), json_mode=as_json)
             plan = make_remoe_plan(
                 policy=policy, model=model, platform=platform,
                 remote_platform=remote_platform, activation=activation, ttft=ttft,
                 tpot=tpot, n_in=n_in, n_out=n_out, main_memory=main_memory,
                 remote_memory=remote_memory, timing=timing, max_replicas=max_replicas)
-            plan.save(out)
+            write_data(out, plan.to_yaml())
         if as_json:
             emit_json({"out": str(out), "policy": plan.policy, "predicted": plan.predicted,
                        "meta": plan.meta})
             return
-        out_console(False).print(remoe_table(plan))
-        out_console(False).print(f"wrote {out}")
+        out_console(is_stdout(out)).print(remoe_table(plan))
+        if not is_stdout(out):
+            out_console(False).print(f"wrote {out}")
         return
     with user_errors():
-        check_outputs(("--out", out))
+        check_outputs(("--out", out), stdout=("--out",), json_mode=as_json)
         if slo is None or counts is None:
             raise MoefleetError(
                 "moefleet plan needs --slo and --counts",
@@ -232,14 +236,15 @@ def plan_cmd(
             profile=profile, tokens=tokens, max_replicas=max_replicas,
             time_limit=time_limit, seed=seed, warm_instances=warm_instances,
         )
-        plan.save(out)
+        write_data(out, plan.to_yaml())
     if as_json:
         emit_json({"out": str(out), "policy": plan.policy, "predicted": plan.predicted,
                    "meta": plan.meta})
         return
-    con = out_console(False)
+    con = out_console(is_stdout(out))
     con.print(plan_table(plan))
-    con.print(f"wrote {out}")
+    if not is_stdout(out):
+        con.print(f"wrote {out}")
 
 
 @app.command("show")

@@ -18,7 +18,15 @@ from typing import Annotated, Any
 import typer
 
 from moefleet import limits as L
-from moefleet.cli.common import check_outputs, emit_json, out_console, progress, user_errors
+from moefleet.cli.common import (
+    check_outputs,
+    emit_json,
+    is_stdout,
+    out_console,
+    progress,
+    user_errors,
+    write_data,
+)
 from moefleet.errors import DataError, MoefleetError
 
 
@@ -41,8 +49,8 @@ def bo_cmd(
     sampler: Annotated[str, typer.Option(
         help="eps-gp | eps | single-eps | random | tpe.")] = "eps-gp",
     seed: Annotated[int, typer.Option(min=0, max=L.MAX_SEED, help="Sampler seed.")] = 0,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Plan YAML to write.")] = Path(
-        "plan.yaml"),
+    out: Annotated[Path, typer.Option(
+        "--out", "-o", help="Plan YAML to write (- for stdout).")] = Path("plan.yaml"),
     save_predictor: Annotated[Path | None, typer.Option(
         help="Write the predictor with the best table edits (.npz).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
@@ -54,28 +62,29 @@ def bo_cmd(
     --model minilm-moe-e8 --slo 10 -o plan.yaml
     """
     with user_errors():
-        check_outputs(("--out", out), ("--save-predictor", save_predictor))
-        summary = _run(predictor, bo_trace, slo, model, profile, platform, batch_tokens,
-                       batches, pairs, iterations, sampler, seed, out, save_predictor,
-                       as_json)
+        check_outputs(("--out", out), ("--save-predictor", save_predictor), stdout=("--out",),
+                      json_mode=as_json)
+        summary, plan = _run(predictor, bo_trace, slo, model, profile, platform,
+                             batch_tokens, batches, pairs, iterations, sampler, seed, out,
+                             save_predictor, as_json)
     if as_json:
         emit_json(summary)
         return
-    con = out_console(False)
+    con = out_console(is_stdout(out))
     from moefleet.cli.plan import plan_table
-    from moefleet.plan import DeploymentPlan
 
-    con.print(plan_table(DeploymentPlan.load(out)))
+    con.print(plan_table(plan))
+    wrote = [str(p) for p in (None if is_stdout(out) else out, save_predictor) if p]
     con.print(f"BO ({summary['sampler']}, evaluator {summary['evaluator']}): "
               f"{summary['iterations']} iterations in {summary['wall_s']:.1f} s, objective "
-              f"{summary['baseline_cost_usd']:.4g} -> {summary['best_cost_usd']:.4g} USD; "
-              f"wrote {out}" + (f" and {save_predictor}" if save_predictor else ""))
+              f"{summary['baseline_cost_usd']:.4g} -> {summary['best_cost_usd']:.4g} USD"
+              + (f"; wrote {' and '.join(wrote)}" if wrote else ""))
 
 
 def _run(predictor_path: Path, trace_path: Path, slo: float, model: str | None,
          profile: Path | None, platform: str, batch_tokens: int, batches: int | None,
          pairs: int, iterations: int, sampler: str, seed: int, out: Path,
-         save_predictor: Path | None, json_mode: bool) -> dict[str, Any]:
+         save_predictor: Path | None, json_mode: bool) -> tuple[dict[str, Any], Any]:
     import numpy as np
 
     from moefleet.cli.plan import load_profile
@@ -113,11 +122,11 @@ def _run(predictor_path: Path, trace_path: Path, slo: float, model: str | None,
     if res.best.plan is None:
         raise MoefleetError("no trial produced a feasible plan for the predicted counts",
                             "raise --slo (moefleet plan --policy ods shows the fastest plan)")
-    res.best.plan.save(out)
+    write_data(out, res.best.plan.to_yaml())
     if save_predictor is not None:
         with res.applied() as adjusted:
             adjusted.save(save_predictor)
     return {**res.summary(), "plan": str(out), "batches": len(bo_batches),
             "batch_tokens": [b.tokens for b in bo_batches],
             "predictor": str(save_predictor) if save_predictor else None,
-            "history": res.history}
+            "history": res.history}, res.best.plan

@@ -92,6 +92,9 @@ def serve_cmd(
             slo_tpot = slo_tpot if slo_tpot is not None else args.brownout.slo_tpot_s
         key = api_key or os.environ.get("MOEFLEET_API_KEY") or None
         from moefleet.compose import Billing
+        from moefleet.platform import load_platform
+
+        load_platform(platform)  # a bad --platform fails before the model loads, too
         from moefleet.models.registry import load_adapter
 
         adapter = load_adapter(model)

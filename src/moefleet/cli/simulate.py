@@ -23,7 +23,14 @@ from rich.table import Table
 
 from moefleet import limits as L
 from moefleet import metric_names as N
-from moefleet.cli.common import check_outputs, emit_json, out_console, progress, user_errors
+from moefleet.cli.common import (
+    check_outputs,
+    emit_json,
+    is_stdout,
+    out_console,
+    progress,
+    user_errors,
+)
 from moefleet.errors import MoefleetError
 
 DEFAULT_PLATFORM = "aws-lambda"
@@ -252,7 +259,8 @@ def simulate_cmd(
         "--decoder/--encoder", help="Generate output tokens (default: from the model).")] = None,
     prewarm: Annotated[bool, typer.Option(help="Start with warm instances.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="JSON result on stdout.")] = False,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write JSON here.")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write JSON here (- for stdout).")] = None,
     png: Annotated[Path | None, typer.Option(help="Write a timeline PNG here.")] = None,
 ) -> None:
     """Simulate serving cost, latency and SLO of a plan under a workload (no real calls).
@@ -261,7 +269,7 @@ def simulate_cmd(
     --workload "bursty:rate=5,cv=3" --duration 600 --policy hpa --png timeline.png
     """
     with user_errors():
-        check_outputs(("--out", out), ("--png", png))
+        check_outputs(("--out", out), ("--png", png), stdout=("--out",), json_mode=as_json)
         sim_kw: dict[str, Any] = {
             "scaling": scaling, "slo_s": slo, "keep_alive_s": keep_alive,
             "concurrency": concurrency, "interval_s": interval, "decode": decode,
@@ -270,10 +278,12 @@ def simulate_cmd(
             plan_path=plan, model=model, memory=memory, method=method, replicas=replicas,
             beta=beta, profile_path=profile, trace_path=trace, routing=routing, top_k=top_k,
             workload=workload, duration=duration, policy=policy, platform=platform, seed=seed,
-            sim_kw=sim_kw, decoder=decoder, json_mode=as_json)
+            sim_kw=sim_kw, decoder=decoder, json_mode=as_json or is_stdout(out))
         data = result.to_dict()
         data["workload"] = described
-        if out is not None:
+        if is_stdout(out):
+            emit_json(data)
+        elif out is not None:
             from moefleet.io import write_json_atomic
 
             write_json_atomic(out, data)
@@ -284,8 +294,8 @@ def simulate_cmd(
     if as_json:
         emit_json(data)
         return
-    con = out_console(False)
+    con = out_console(is_stdout(out))
     con.print(_table(data))
     for label, path in (("results", out), ("timeline", png)):
-        if path is not None:
+        if path is not None and not is_stdout(path):
             con.print(f"wrote {label} to {path}")

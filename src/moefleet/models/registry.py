@@ -13,11 +13,13 @@ of supported ones. Other modules (e.g. dense->MoE conversion) add their own load
 from __future__ import annotations
 
 import json
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from moefleet.errors import DataError, MoefleetError, UnknownNameError, UnsupportedModelError
+from moefleet.io import refusal_reason
 from moefleet.models.base import MoEModelAdapter
 from moefleet.models.hf import HF_FAMILIES, HFMoEAdapter
 
@@ -53,6 +55,11 @@ def _load_hf(ref: str, name: str) -> MoEModelAdapter:
 
     try:
         model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
+    except pickle.UnpicklingError as err:  # torch's weights_only loader refused a .bin
+        raise DataError(
+            f"the weights at {ref!r} hold Python objects other than tensors; refused "
+            f"without loading them{refusal_reason(err)}",
+            "use a checkpoint in safetensors, or one from a source you trust") from None
     except (OSError, RuntimeError, ValueError, SafetensorError) as err:
         raise DataError(
             f"could not load the checkpoint at {ref!r}: {str(err).splitlines()[0]}",

@@ -191,8 +191,15 @@ def faulty(inner: ObjectStore, **options: Any) -> ObjectStore:
 
 
 def import_callable(ref: str, error: type[MoefleetError] = StorageError) -> Callable[..., Any]:
-    """``"package.module:attr"`` → the attribute; failures raise ``error`` naming ``ref``."""
+    """``"package.module:attr"`` → the attribute; failures raise ``error`` naming ``ref``.
+
+    Only moefleet's own modules may be named: a reference comes from a deployment file or
+    a function's config, and importing an arbitrary module (or calling an arbitrary
+    callable such as ``os:system``) from one would let that file run code."""
     module, _, attr = ref.partition(":")
+    if module != "moefleet" and not module.startswith("moefleet."):
+        raise error(f"cannot import {ref!r}: only moefleet's own modules may be named",
+                    "e.g. moefleet.runtime.handlers:expert_handler")
     try:
         obj = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as err:

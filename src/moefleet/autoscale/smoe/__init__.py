@@ -8,7 +8,9 @@
 ``nets``: the networks; ``agent``: DDPG and the controller; ``harness``: the simulator
 scenario every controller is compared on; ``popularity``: the popularity-aware static
 plan (``static-pop`` baseline) and the warm start's teacher; ``imitation``: behaviour
-cloning of the teacher; ``train``: offline training and checkpoints.
+cloning of the teacher; ``train``: offline training; ``checkpoint``/``restore``: the
+checkpoint file (safetensors + schema-checked JSON, nothing pickled) and loading it into
+an agent; ``convert``: the one-off converter from pickled format-1 checkpoints.
 """
 
 from moefleet.autoscale.smoe.agent import DDPGConfig, SmoeAgent, SmoeController, group_rewards

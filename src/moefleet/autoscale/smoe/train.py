@@ -8,7 +8,9 @@ kernels, one thread). A checkpoint records the scenario (model, SLO, interval, p
 the DAG fingerprint and the config space; loading it for another model or config space
 is an :class:`AutoscaleError`. Resuming continues the episode count, the exploration
 rate and the optimiser state; the replay memory keeps its newest ``REPLAY_SAVED``
-transitions (the rest would make checkpoints hundreds of MB).
+transitions (the rest would make checkpoints hundreds of MB). The file format (tensors
+in safetensors, the rest as schema-checked JSON, nothing pickled) is
+:mod:`~moefleet.autoscale.smoe.checkpoint`'s.
 
 Warm start: the first episodes are acted by demonstrators in turn (the popularity-aware
 one of :mod:`~moefleet.autoscale.smoe.popularity`, the static plan, HPA, ElasticMoE,
@@ -35,23 +37,25 @@ import dataclasses
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from moefleet.autoscale.base import AutoscaleError, AutoscalePolicy, FunctionConfig
 from moefleet.autoscale.smoe.agent import (
     DDPGConfig,
     SmoeAgent,
     SmoeController,
-    Transition,
     imitation_weight,
+)
+from moefleet.autoscale.smoe.checkpoint import (
+    RETRAIN,
+    TrainSetup,
+    agent_state,
+    read_checkpoint,
+    write_state,
 )
 from moefleet.autoscale.smoe.graph import PipelineDAG
 from moefleet.autoscale.smoe.harness import (
-    DEFAULT_MODEL,
     Scenario,
     build_scenario,
     pattern_windows,
@@ -66,33 +70,10 @@ from moefleet.autoscale.smoe.popularity import (
     candidate_rules,
     search_static_pop,
 )
+from moefleet.autoscale.smoe.restore import restore
 from moefleet.autoscale.smoe.space import ConfigSpace
-from moefleet.io import atomic_path
 
-FORMAT = 1
-REPLAY_SAVED = 1000
 TRAIN_PATTERNS = ("bursty", "normal", "slow")
-
-
-@dataclass(frozen=True)
-class TrainSetup:
-    """Everything a checkpoint must agree with to be reused."""
-
-    model: str = DEFAULT_MODEL
-    slo_s: float = 0.3
-    interval_s: float = 10.0
-    prompt_tokens: int = 64
-    mean_rps: float = 3.0
-    window_minutes: int = 10
-    windows_per_pattern: int = 12
-    routing_trace: str = ""  # "" = uniform routing; else a Parquet routing trace
-    platform: str = "openfaas-k8s"  # openfaas-k8s-gpu for a space with GPU shares
-
-    @property
-    def scenario(self) -> str:
-        return "skewed" if self.routing_trace else "uniform"
-
-
 SCENARIOS = ("uniform", "skewed")
 DEFAULT_TRACE = "out/smoe/tiny-moe-lm-sharegpt.parquet"
 # ASSUMPTION: the paper fixes one absolute P95 SLO per model (80/100/120 ms) and states
@@ -145,46 +126,20 @@ def new_agent(setup: TrainSetup, space: ConfigSpace, spec: ActorSpec, ddpg: DDPG
 
 def save_checkpoint(path: str | Path, agent: SmoeAgent, setup: TrainSetup,
                     episodes: int, history: list[dict[str, Any]]) -> Path:
-    state = {
-        "format": FORMAT, "setup": dataclasses.asdict(setup),
-        "dag": agent.dag.fingerprint(), "space": dataclasses.asdict(agent.space),
-        "space_id": agent.space.fingerprint(), "spec": dataclasses.asdict(agent.spec),
-        "ddpg": dataclasses.asdict(agent.cfg), "episodes": episodes, "history": history,
-        "actor": agent.actor.state_dict(), "critic": agent.critic.state_dict(),
-        "actor_t": agent.actor_t.state_dict(), "critic_t": agent.critic_t.state_dict(),
-        "opt_a": agent.opt_a.state_dict(), "opt_c": agent.opt_c.state_dict(),
-        "epsilon": agent.epsilon, "updates": agent.updates,
-        "rng": agent.rng.getstate(), "torch_rng": torch.get_rng_state(),
-        "replay": [dataclasses.astuple(t) for t in list(agent.replay)[-REPLAY_SAVED:]],
-        "best": agent.best, "actor_best": agent.actor_best, "warm": agent.warm,
-    }
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
-    return Path(path)
+    """Write the agent's whole training state (format: :mod:`.checkpoint`), atomically."""
+    return write_state(path, agent_state(agent, setup, episodes, history))
 
 
 def load_checkpoint(path: str | Path, *, expect_setup: TrainSetup | None = None,
                     expect_space: ConfigSpace | None = None
                     ) -> tuple[Scenario, SmoeAgent, TrainSetup, int, list[dict[str, Any]]]:
     """Agent and scenario from a checkpoint; a checkpoint for another model, scenario
-    or config space than the expected one is an error naming both."""
-    p = Path(path)
-    if not p.is_file():
-        raise AutoscaleError(f"no sMoE checkpoint at {p}",
-                             "train one: moefleet autoscale train --out CKPT")
-    try:
-        st = torch.load(p, map_location="cpu", weights_only=False)
-    except Exception as err:  # a truncated or foreign file
-        raise AutoscaleError(f"{p} is not a readable sMoE checkpoint ({err.__class__.__name__})",
-                             "train a new one with moefleet autoscale train") from None
-    if not isinstance(st, dict) or st.get("format") != FORMAT:
-        raise AutoscaleError(f"{p} is not an sMoE checkpoint of format {FORMAT}",
-                             "train a new one with moefleet autoscale train")
-    setup = TrainSetup(**st["setup"])
-    # Older checkpoints' spaces have no GPU fields: the defaults are CPU only.
-    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list | tuple) else v
-                              for k, v in st["space"].items()}
-    space = ConfigSpace(**fields)
+    or config space than the expected one is an error naming both. Nothing in the file
+    is executed (:func:`.checkpoint.read_checkpoint`)."""
+    ck = read_checkpoint(path)
+    p, m = ck.path, ck.meta
+    setup = m.setup
+
     def key(s: TrainSetup) -> tuple[Any, ...]:
         return (s.model, s.slo_s, s.interval_s, s.routing_trace, s.platform)
 
@@ -195,27 +150,18 @@ def load_checkpoint(path: str | Path, *, expect_setup: TrainSetup | None = None,
             f"{expect_setup.model} ({expect_setup.scenario} routing, SLO "
             f"{expect_setup.slo_s:g} s, interval {expect_setup.interval_s:g} s, "
             f"{expect_setup.platform})", "train a checkpoint for this model and scenario")
-    if expect_space is not None and expect_space.fingerprint() != st["space_id"]:
+    if expect_space is not None and expect_space.fingerprint() != m.space_id:
         raise AutoscaleError(f"checkpoint {p} was trained for another configuration space "
-                             f"({st['space']})", "use the same space or retrain")
-    # Older checkpoints have no stay prior and no skip connection.
-    spec = ActorSpec(**{"stay_prior": 0.0, "skip": False, **st["spec"]})
-    # Checkpoints from before the imitation floor faded out entirely.
-    ddpg = DDPGConfig(**{"bc_floor": 0.0, **st["ddpg"]})
-    sc, agent = new_agent(setup, space, spec, ddpg, seed=0)
-    if agent.dag.fingerprint() != st["dag"]:
-        raise AutoscaleError(f"checkpoint {p} is for pipeline {st['dag']}, this model builds "
+                             f"({m.space})", "use the same space or retrain")
+    if m.space.fingerprint() != m.space_id:
+        raise AutoscaleError(f"checkpoint {p}: field 'space_id' {m.space_id!r} does not "
+                             f"match its space ({m.space.fingerprint()!r})", RETRAIN)
+    sc, agent = new_agent(setup, m.space, m.spec, m.ddpg, seed=0)
+    if agent.dag.fingerprint() != m.dag:
+        raise AutoscaleError(f"checkpoint {p} is for pipeline {m.dag}, this model builds "
                              f"{agent.dag.fingerprint()}", "retrain for this model")
-    for name in ("actor", "critic", "actor_t", "critic_t", "opt_a", "opt_c"):
-        getattr(agent, name).load_state_dict(st[name])
-    agent.epsilon, agent.updates = st["epsilon"], st["updates"]
-    agent.rng.setstate(st["rng"])
-    torch.set_rng_state(st["torch_rng"])
-    for row in st["replay"]:
-        agent.remember(Transition(*row))
-    agent.best, agent.actor_best = st.get("best"), st.get("actor_best")
-    agent.warm = dict(st.get("warm") or {})
-    return sc, agent, setup, int(st["episodes"]), list(st["history"])
+    restore(ck, agent)
+    return sc, agent, setup, m.episodes, [row.model_dump() for row in m.history]
 
 
 ProgressFn = Callable[[int, int, dict[str, Any]], None]

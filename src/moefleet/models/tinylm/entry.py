@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moefleet.errors import DataError
-from moefleet.io import atomic_path
+from moefleet.io import atomic_path, load_torch_data
 from moefleet.models.base import MoEModelAdapter
 from moefleet.models.tinylm.recipe import Recipe, parse_recipe, recipe_dict
 from moefleet.models.zoo import ProgressFn, ZooEntry, register
@@ -67,7 +67,7 @@ def _prepare(recipe: Recipe, where: Path) -> tuple[Any, torch.Tensor, torch.Tens
 
     tok_file, streams_file = where / "tokenizer.json", where / "streams.pt"
     if streams_file.is_file():
-        saved = torch.load(streams_file, weights_only=True)
+        saved = load_torch_data(streams_file, "token streams", "delete it to re-tokenise")
         if recipe.tokenizer.kind == "bpe":
             from tokenizers import Tokenizer
 

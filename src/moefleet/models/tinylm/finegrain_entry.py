@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from moefleet.errors import DataError
-from moefleet.io import atomic_path
+from moefleet.io import atomic_path, load_torch_data
 from moefleet.models.tinylm import entry as base_entry
 from moefleet.models.tinylm.recipe import RecipeError, TrainSpec, _section
 from moefleet.models.zoo import ProgressFn, ZooEntry, register
@@ -74,7 +74,7 @@ def _streams(base_dir: Path, base_recipe: dict[str, Any], where: Path) -> tuple[
     tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
     f = where / "streams.pt"
     if f.is_file():
-        saved = torch.load(f, weights_only=True)
+        saved = load_torch_data(f, "token streams", "delete it to re-tokenise")
         return tokenizer, saved["train"], saved["heldout"]
     data = base_recipe["data"]
     parts = [

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from moefleet.io import atomic_path
+from moefleet.io import atomic_path, load_torch_data
 from moefleet.models.tinylm.losses import balance_loss, cross_entropy
 from moefleet.models.tinylm.model import ModelConfig, TinyMoELM
 from moefleet.models.tinylm.recipe import TrainSpec
@@ -155,7 +155,7 @@ def train(
     ckpt = checkpoint_dir / _CHECKPOINT
     start, curve = 0, []
     if ckpt.is_file():
-        state = torch.load(ckpt, weights_only=True)
+        state = load_torch_data(ckpt, "training checkpoint", "delete it to train from the start")
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         start, curve = int(state["step"]), [tuple(row) for row in state["curve"]]
