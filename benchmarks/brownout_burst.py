@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from moefleet.brownout.salc import SALC
-from moefleet.compose.build import brownout_engine
+from moefleet.compose.presets import brownout_engine
 from moefleet.data.registry import load_prompts
 from moefleet.engine import SamplingParams
 from moefleet.engine.replay import replay
@@ -95,7 +95,8 @@ def p90_before(samples, split: float) -> float:
 
 
 def replay_run(adapter, arrivals, a, ways, control, kw) -> dict:
-    engine, _, hook = brownout_engine(adapter, ways=ways, salc=control, **kw)
+    opened = brownout_engine(adapter, ways=ways, salc=control, **kw)
+    engine, hook = opened.engine, opened.salc
     start = engine.clock()
     outs = replay(engine, arrivals, max_wall_s=10 * a.duration + 600)
     first, later = token_latencies(outs)
@@ -184,12 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     kw = {"kernel": a.kernel, "max_num_seqs": 32, "device": a.device}
 
     # 1. unloaded latencies -> SLOs; 2. capacity at overload -> base rates
-    engine, _, _ = brownout_engine(adapter, ways=None, **kw)
+    engine = brownout_engine(adapter, ways=None, **kw).engine
     solo = replay(engine, [(0.0, pool[i], params) for i in range(4)])
     unloaded = (statistics.median(o.times.ttft_s for o in solo),
                 statistics.median(o.times.tpot_s for o in solo))
     slo_ttft, slo_tpot = (a.slo_factor * x for x in unloaded)
-    engine, _, _ = brownout_engine(adapter, ways=None, **kw)
+    engine = brownout_engine(adapter, ways=None, **kw).engine
     t0 = time.perf_counter()
     replay(engine, [(0.0, pool[i % len(pool)], params) for i in range(64)])
     capacity = 64 / (time.perf_counter() - t0)  # requests/s

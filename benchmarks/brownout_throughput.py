@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from moefleet.compose.build import brownout_engine
+from moefleet.compose.presets import brownout_engine
 from moefleet.data.registry import load_prompts
 from moefleet.engine import SamplingParams
 from moefleet.engine.replay import replay
@@ -83,8 +83,9 @@ def profile_pass(adapter, ids, params, max_wall: float, device: str) -> list[dic
             timers.append(TimedExperts(fn, device))
             return timers[-1]
 
-        engine, experts, _ = brownout_engine(adapter, ways=ways, threshold=th, kernel="loop",
-                                             wrap=wrap, device=device)  # type: ignore[arg-type]
+        opened = brownout_engine(adapter, ways=ways, threshold=th, kernel="loop",
+                                 wrap=wrap, device=device)
+        engine, experts = opened.engine, opened.brownout
         t0 = time.perf_counter()
         replay(engine, arrivals, max_wall_s=max_wall)
         wall = time.perf_counter() - t0
@@ -133,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         arrivals = [(float(ti), p, params) for ti, p in zip(t, ids, strict=True)]
         for kernel in a.kernels.split(","):
             for ways, th in CONFIGS:
-                engine, experts, _ = brownout_engine(adapter, ways=ways, threshold=th,
-                                                     kernel=kernel,  # type: ignore[arg-type]
-                                                     device=a.device)
+                opened = brownout_engine(adapter, ways=ways, threshold=th, kernel=kernel,
+                                         device=a.device)
+                engine, experts = opened.engine, opened.brownout
                 t0 = time.perf_counter()
                 outs = replay(engine, arrivals, max_wall_s=a.max_wall)
                 wall = time.perf_counter() - t0

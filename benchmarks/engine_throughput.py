@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from moefleet.compose.build import build_engine
+from moefleet.compose.presets import build_engine
 from moefleet.data.registry import load_prompts
 from moefleet.engine import SamplingParams
 from moefleet.io import write_text_atomic

@@ -35,13 +35,13 @@ from typing import Any
 
 import torch
 
+from moefleet.experiments.fault_runs import run_under_faults
 from moefleet.io import write_json_atomic
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
 from moefleet.plan import DeploymentPlan
 from moefleet.platform import LocalObjectStore, load_platform
 from moefleet.runtime.deploy import deploy_plan
-from moefleet.experiments.fault_runs import run_under_faults
 from moefleet.runtime.faults import FAULT_KINDS, FaultPlan
 from moefleet.runtime.local import LocalBackend
 

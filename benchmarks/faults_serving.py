@@ -27,12 +27,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from moefleet.compose.build import build_engine
+from moefleet.compose.presets import build_engine, opened_engine
 from moefleet.engine import SamplingParams
+from moefleet.experiments.serve_faults import run_engine_under_faults, run_http_under_faults
 from moefleet.experts.faults import FaultyExperts
 from moefleet.experts.kernels import in_process_experts
 from moefleet.runtime.faults import FaultPlan
-from moefleet.experiments.serve_faults import run_engine_under_faults, run_http_under_faults
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE_KINDS = ("crash", "timeout", "throttle", "straggler", "error")
@@ -84,12 +84,12 @@ def engine_runs(adapter: Any, n: int, rates: list[float], seed: int,
     """Each (kind, rate) runs ``repeats`` times, each time beside a fault-free run."""
     prompts = [[(97 * i + 13 * j) % adapter.vocab_size for j in range(8)] for i in range(n)]
     build_engine(adapter, max_num_seqs=8).generate(prompts[:2], GREEDY)  # warm up
-    ref_run = run_engine_under_faults(build_engine(adapter, max_num_seqs=8), None, prompts,
+    ref_run = run_engine_under_faults(opened_engine(adapter, max_num_seqs=8), prompts,
                                       GREEDY)
     reference = [ref_run.outputs[i] for i in range(n)]
 
     def clean() -> dict[str, Any]:
-        return run_engine_under_faults(build_engine(adapter, max_num_seqs=8), None, prompts,
+        return run_engine_under_faults(opened_engine(adapter, max_num_seqs=8), prompts,
                                        GREEDY, reference).to_dict()
 
     bases = [clean() for _ in range(repeats)]
@@ -103,8 +103,8 @@ def engine_runs(adapter: Any, n: int, rates: list[float], seed: int,
             for rep in range(repeats):
                 faulty = FaultyExperts(in_process_experts(adapter),
                                        FaultPlan(kind, rate, seed + rep, **FAST))
-                eng = build_engine(adapter, max_num_seqs=8, experts=faulty)
-                run = run_engine_under_faults(eng, faulty, prompts, GREEDY, reference)
+                eng = opened_engine(adapter, max_num_seqs=8, experts=faulty)
+                run = run_engine_under_faults(eng, prompts, GREEDY, reference)
                 pairs.append((run.to_dict(), clean()))
             r = _paired(pairs)
             runs.append(r)

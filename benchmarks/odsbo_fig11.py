@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
+from moefleet.errors import MoefleetError
 from moefleet.io import write_json_atomic
 from moefleet.platform import LocalObjectStore, Meter, load_platform
-from moefleet.runtime.errors import PayloadTooLargeError
 from moefleet.runtime.local import LocalBackend
 from moefleet.runtime.stores import LatencyStore
 
@@ -47,9 +47,10 @@ def _layer_model() -> Any:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from moefleet.compose import open_engine
+    from moefleet.compose.batches import Batches
+    from moefleet.compose.score import score_options
     from moefleet.plan import DeploymentPlan
-    from moefleet.runtime.deploy import deploy_plan
-    from moefleet.runtime.executor import Executor
 
     spec = load_platform(args.platform)
     assert spec.storage is not None
@@ -71,17 +72,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "fig11-layer", spec.name, [0], [8], 1, args.memory,
                         method=method, beta=beta,  # type: ignore[arg-type]
                         segment_memory_mb=spec.baseline_memory())
-                    dep = deploy_plan(adapter, plan, spec, base, backend=backend)
                     client = LatencyStore(base, *latency)
                     row: dict[str, Any] = {"method": method, "tokens": ids.numel(),
                                            "beta": beta if method == "pipelined" else None}
                     try:
-                        with Executor(dep, backend, client, spec) as ex:
+                        with open_engine(adapter, plan=plan, backend=backend, store=client,
+                                         platform=spec, model_ref=plan.model,
+                                         options=score_options(*ids.shape)) as opened:
+                            ex = Batches(opened)
                             ex.run_batch(ids)  # cold starts out of the way
-                            puts0, gets0 = ex.client_requests()
+                            puts0, gets0 = opened.client_store_requests()
                             res = [ex.run_batch(ids) for _ in range(args.reps)]
-                            puts, gets = ex.client_requests()
-                    except PayloadTooLargeError as err:
+                            puts, gets = opened.client_store_requests()
+                    except MoefleetError as err:  # a direct share over the payload limit
+                        if "payload" not in err.message:
+                            raise
                         rows.append({**row, "error": err.message})
                         print(f"  {method:9s} {ids.numel():5d} tokens: payload too large")
                         continue

@@ -129,9 +129,10 @@ def _layer_model(name: str = "bench-layer") -> Any:
 
 def beta_sweep(spec: PlatformSpec, betas: list[int], tokens: int, reps: int,
                latency: tuple[float, float]) -> list[dict[str, Any]]:
+    from moefleet.compose import open_engine
+    from moefleet.compose.batches import Batches
+    from moefleet.compose.score import score_options
     from moefleet.plan import DeploymentPlan
-    from moefleet.runtime.deploy import deploy_plan
-    from moefleet.runtime.executor import Executor
 
     adapter = _layer_model()
     rows: list[dict[str, Any]] = []
@@ -145,8 +146,10 @@ def beta_sweep(spec: PlatformSpec, betas: list[int], tokens: int, reps: int,
             for method, beta in [("storage", max(betas)), *[("pipelined", b) for b in betas]]:
                 plan = DeploymentPlan.uniform("bench-layer", spec.name, [0], [8], 1, 1769,
                                               method=method, beta=beta)  # type: ignore[arg-type]
-                dep = deploy_plan(adapter, plan, spec, base, backend=backend)
-                with Executor(dep, backend, client, spec) as ex:
+                with open_engine(adapter, plan=plan, backend=backend, store=client,
+                                 platform=spec, model_ref=plan.model,
+                                 options=score_options(*ids.shape)) as opened:
+                    ex = Batches(opened)
                     ex.run_batch(ids)  # cold starts out of the way
                     stats = [ex.run_batch(ids).layers[0] for _ in range(reps)]
                 rows.append({"method": method, "beta": beta, "tokens": ids.numel(),

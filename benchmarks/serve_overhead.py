@@ -37,7 +37,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from moefleet.compose.build import build_engine
+from moefleet.compose.presets import build_engine
 from moefleet.data.registry import load_prompts
 from moefleet.engine import SamplingParams
 from moefleet.io import write_json_atomic

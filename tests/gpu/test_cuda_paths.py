@@ -9,7 +9,6 @@ so only summation order differs, far below these random models' top-2 logit gaps
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import pytest
 import torch
@@ -87,13 +86,16 @@ def test_partial_brownout_on_cuda_gives_the_cpu_tokens(threshold: float, kernel:
 
 
 def test_brownout_engine_moves_the_model_before_building_experts() -> None:
-    from moefleet.compose.build import brownout_engine
+    from moefleet.compose import StackOptions
+    from moefleet.compose.root import in_process_engine
+    from moefleet.experts.brownout_control import BrownoutSpec
 
     adapter = _adapter()
-    engine, experts, _ = brownout_engine(adapter, ways=2, threshold=0.0, mode="full",
-                                         kernel="stacked", device="cuda")
+    opened = in_process_engine(adapter, device="cuda", stack=StackOptions(
+        kernel="stacked", brownout=BrownoutSpec(ways=2, threshold=0.0, mode="full")))
+    experts = opened.brownout
     assert adapter.device.type == "cuda" and experts is not None
-    outs = engine.generate(PROMPTS, GREEDY)
+    outs = opened.engine.generate(PROMPTS, GREEDY)
     assert all(len(o.new_token_ids) == GREEDY.max_tokens for o in outs)
     assert experts.stats.dropped_pairs > 0
 
@@ -101,7 +103,7 @@ def test_brownout_engine_moves_the_model_before_building_experts() -> None:
 def test_remoe_split_layer_loop_on_cuda_with_experts_on_the_cpu() -> None:
     """Remoe's main: non-experts (and the KV cache) on CUDA, routed experts in host
     memory, half of each layer's experts behind a second ExpertFn; tokens as on the CPU."""
-    want = _tokens(Engine(_runner(HFMoEAdapter(small_mixtral()))))
+    want = _tokens(build_engine(HFMoEAdapter(small_mixtral())))
     adapter = HFMoEAdapter(small_mixtral())
     place_non_experts(adapter, torch.device("cuda"))
     inner = held_experts({layer: {e: adapter.expert_view(layer, e)
@@ -122,6 +124,3 @@ def test_remoe_split_layer_loop_on_cuda_with_experts_on_the_cpu() -> None:
     assert seen and {d.type for d in seen} == {"cpu"}
     assert got == want
 
-
-def _runner(adapter: Any) -> InProcessRunner:
-    return InProcessRunner(adapter, experts=in_process_experts(adapter))

@@ -1,5 +1,5 @@
 """Shared by the plans-run tests: a tiny real MoE model, its routing, and running a plan
-on a backend (the executor, real handlers)."""
+on a backend (the segment runner, real handlers)."""
 
 from __future__ import annotations
 
@@ -39,13 +39,13 @@ def routed_counts(adapter: Any, ids_BT: torch.Tensor) -> np.ndarray:
 
 def run_plan(adapter: Any, plan: Any, platform: Any, backend: Any, store: Any,
              ids_BT: torch.Tensor) -> Any:
-    """Deploy ``plan`` on ``backend`` and run one batch; returns the BatchResult (its
-    output checked against the monolithic model)."""
-    from moefleet.runtime.deploy import deploy_plan
-    from moefleet.runtime.executor import Executor
+    """Deploy ``plan`` on ``backend`` and run one batch through its segment functions;
+    returns the batch's run (its output checked against the monolithic model)."""
+    from tests.segment_helpers import segment_batches
 
-    dep = deploy_plan(adapter, plan, platform, store, backend=backend)
-    with Executor(dep, backend, store, platform) as ex:
+    B, T = ids_BT.shape
+    with segment_batches(adapter, plan, platform, backend, store, batch_size=B,
+                         max_length=max(2, T)) as ex:
         res = ex.run_batch(ids_BT)
     assert (res.output - adapter.reference_forward(ids_BT)).abs().max() <= 1e-4
     return res

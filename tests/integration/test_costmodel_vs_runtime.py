@@ -68,18 +68,17 @@ def _run(tmp: Path) -> dict[str, Any]:
     from moefleet.plan import DeploymentPlan
     from moefleet.platform import load_platform, open_store
     from moefleet.runtime.base import create_backend
-    from moefleet.runtime.deploy import deploy_plan, install
-    from moefleet.runtime.executor import Executor
-    from moefleet.runtime.runner import make_batches
+    from moefleet.runtime.deploy import deploy_plan
     from moefleet.sim.routing import TraceRowRouter
     from moefleet.traces import profile as record_routing
+    from tests.segment_helpers import one_request_batches, segment_batches
 
     zoo.build(MODEL)
     adapter = load_adapter(MODEL)
     prompts = load_prompts("wikitext2")[: 4 * REQUESTS]
     ids, texts = [p.request_id for p in prompts], [p.text for p in prompts]
     budget: dict[str, Any] = dict(max_tokens=REQUESTS * TOKENS, max_length=TOKENS)
-    batches = make_batches(adapter, ids, texts, batch_size=1, **budget)
+    batches = one_request_batches(adapter, ids, texts, **budget)
     router = TraceRowRouter(record_routing(adapter, ids, texts, attention_ids=False, **budget))
     s = adapter.summary()
     platform = load_platform("aws-lambda")
@@ -92,8 +91,8 @@ def _run(tmp: Path) -> dict[str, Any]:
         backend = create_backend("local", platform, store=dep.store, workers=1)
         results = []
         try:
-            install(dep, backend)
-            with Executor(dep, backend, store, platform) as ex:
+            with segment_batches(adapter, dep, platform, backend, store, batch_size=1,
+                                 max_length=TOKENS) as ex:
                 results = [ex.run_batch(*b) for b in batches]
         finally:
             backend.teardown()

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 
-from moefleet.engine import Engine, EngineError, InProcessRunner, SamplingParams
-from moefleet.experts.kernels import in_process_experts
+from moefleet.engine import EngineError, SamplingParams
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
 from tests.contracts.test_adapter_contract import DECODER_FAMILIES, tiny_bert_moe
+from tests.engine_helpers import build_engine, opened_engine
 
 LENS = [7, 3, 12, 5]
 
@@ -41,10 +41,9 @@ def test_greedy_equals_hf_generate_with_chunks_and_preemption(model: Any, kernel
     per_token = adapter.kv_layout().bytes_per_token
     # 10 blocks of 4 tokens: too few for all four requests at once -> preemption;
     # a 16-token budget chunks the 20-token prompt
-    runner = InProcessRunner(adapter, experts=in_process_experts(adapter, kernel),  # type: ignore[arg-type]
-                         kv_budget_bytes=per_token * 4 * 10,
-                         block_size=4)
-    engine = Engine(runner, max_num_batched_tokens=16)
+    opened = opened_engine(adapter, kernel=kernel, kv_budget_bytes=per_token * 4 * 10,
+                           block_size=4, max_num_batched_tokens=16)
+    engine, runner = opened.engine, opened.runner
     outs = engine.generate(_prompts(), [SamplingParams(max_tokens=n, temperature=0,
                                                        ignore_eos=True) for n in LENS])
     for p, n, o in zip(_prompts(), LENS, outs, strict=True):
@@ -60,7 +59,7 @@ def test_greedy_equals_hf_generate_with_chunks_and_preemption(model: Any, kernel
 
 def test_prompt_logprobs_equal_the_models_own(model: Any) -> None:
     adapter = HFMoEAdapter(model)
-    engine = Engine(_runner(adapter), max_num_batched_tokens=8)  # chunked prompt
+    engine = build_engine(adapter, max_num_batched_tokens=8)  # chunked prompt
     prompt = _prompts()[3]
     out = engine.generate([prompt], SamplingParams(max_tokens=2, temperature=0,
                                                    prompt_logprobs=True, logprobs=3))[0]
@@ -89,21 +88,21 @@ def test_sampling_is_reproducible_per_seed_whatever_the_batch() -> None:
     adapter = HFMoEAdapter(tiny_model("mixtral", vocab_size=512, seed=2))
     p = SamplingParams(max_tokens=8, temperature=0.9, top_p=0.9, top_k=50, seed=11,
                        ignore_eos=True)
-    alone = Engine(_runner(adapter)).generate([[1, 2, 3]], p)[0].new_token_ids
+    alone = build_engine(adapter).generate([[1, 2, 3]], p)[0].new_token_ids
     others = SamplingParams(max_tokens=8, temperature=1.0, seed=5, ignore_eos=True)
-    batched = Engine(_runner(adapter)).generate(
+    batched = build_engine(adapter).generate(
         [[9, 9], [1, 2, 3], [4]], [others, p, others])[1].new_token_ids
     assert alone == batched
     other_seed = SamplingParams(max_tokens=8, temperature=0.9, seed=12, ignore_eos=True)
-    assert Engine(_runner(adapter)).generate([[1, 2, 3]], other_seed)[0].new_token_ids \
+    assert build_engine(adapter).generate([[1, 2, 3]], other_seed)[0].new_token_ids \
         != alone
 
 
 def test_abort_frees_the_cache_at_once_and_timings_are_ordered() -> None:
     clock = iter(float(i) for i in range(10_000))
     adapter = HFMoEAdapter(tiny_model("olmoe", vocab_size=512))
-    runner = _runner(adapter)
-    engine = Engine(runner, clock=lambda: next(clock))
+    opened = opened_engine(adapter, clock=lambda: next(clock))
+    engine, runner = opened.engine, opened.runner
     a = engine.add_request([1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True))
     b = engine.add_request([4, 5], SamplingParams(max_tokens=3, ignore_eos=True))
     engine.step()
@@ -126,7 +125,7 @@ def test_abort_frees_the_cache_at_once_and_timings_are_ordered() -> None:
     ([600], SamplingParams(), "outside the vocabulary"),
 ])
 def test_bad_requests_are_refused_and_nothing_is_left_behind(prompt, params, match) -> None:
-    engine = Engine(_runner(HFMoEAdapter(tiny_model("mixtral", vocab_size=512))))
+    engine = build_engine(HFMoEAdapter(tiny_model("mixtral", vocab_size=512)))
     with pytest.raises(EngineError, match=match):
         engine.add_request(prompt, params)
     assert not engine.has_unfinished
@@ -134,7 +133,7 @@ def test_bad_requests_are_refused_and_nothing_is_left_behind(prompt, params, mat
 
 def test_an_encoder_cannot_generate() -> None:
     with pytest.raises(EngineError, match="encoder"):
-        _runner(tiny_bert_moe())
+        build_engine(tiny_bert_moe())
 
 
 def test_step_hooks_see_every_step_before_and_after() -> None:
@@ -148,12 +147,9 @@ def test_step_hooks_see_every_step_before_and_after() -> None:
             seen.append(("after", False, len(outputs)))
 
     adapter = HFMoEAdapter(tiny_model("mixtral", vocab_size=512))
-    engine = Engine(_runner(adapter), hooks=[Spy()])
+    engine = build_engine(adapter, hooks=[Spy()])
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=3, ignore_eos=True))
     assert seen == [("before", True, 1), ("after", False, 1),
                     ("before", False, 1), ("after", False, 1),
                     ("before", False, 1), ("after", False, 1)]
 
-
-def _runner(adapter: Any) -> InProcessRunner:
-    return InProcessRunner(adapter, experts=in_process_experts(adapter))

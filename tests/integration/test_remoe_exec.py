@@ -5,22 +5,19 @@ monolithic model's."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from moefleet.engine.engine import Engine
 from moefleet.engine.request import SamplingParams
-from moefleet.engine.runner import InProcessRunner
-from moefleet.experts.kernels import in_process_experts
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
 from moefleet.platform import load_platform, open_store
 from moefleet.remoe.plans import manual_plan
 from moefleet.remoe.run import run_remoe
 from moefleet.runtime.deploy import install
+from moefleet.runtime.lifecycle import deploy
 from moefleet.runtime.local import LocalBackend
-from moefleet.runtime.session import deploy
+from tests.engine_helpers import build_engine
 
 pytestmark = pytest.mark.timeout(300)
 PLATFORM = "alibaba-fc-gpu"
@@ -43,7 +40,7 @@ def test_remoe_deployment_generates_the_monolithic_models_greedy_tokens(
         install(dep, backend)
         summary = run_remoe(dep, backend, platform, prompts, max_tokens=5, batch_size=2)
         records = backend.records()
-    ref = Engine(_runner(adapter), eos_token_id=None).generate(
+    ref = build_engine(adapter, eos_token_id=None).generate(
         prompts, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
     got = [summary["tokens"][rid] for rid in sorted(summary["tokens"],
                                                     key=lambda r: int(r[1:].split("-")[0]))]
@@ -60,6 +57,3 @@ def test_remoe_deployment_generates_the_monolithic_models_greedy_tokens(
     assert summary["gpu_share"] == pytest.approx(2 / 24) and "GPU emulated" in summary["gpu"]
     assert summary["ttft_s"]["median"] > 0 and summary["tpot_s"]["median"] > 0
 
-
-def _runner(adapter: Any) -> InProcessRunner:
-    return InProcessRunner(adapter, experts=in_process_experts(adapter))

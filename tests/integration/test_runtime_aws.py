@@ -170,7 +170,7 @@ def test_moe_model_through_lambda_and_s3(moto: str, aws_credentials: None) -> No
     from moefleet.plan import DeploymentPlan
     from moefleet.platform import open_store
     from moefleet.runtime.deploy import deploy_plan, remove_objects
-    from moefleet.runtime.executor import Executor
+    from tests.segment_helpers import segment_batches
 
     platform = load_platform("aws-lambda")
     adapter = HFMoEAdapter(tiny_model("mixtral"))
@@ -187,7 +187,7 @@ def test_moe_model_through_lambda_and_s3(moto: str, aws_credentials: None) -> No
         assert store.exists(dep.layout.expert_key(1, 3))  # weights went to S3
         torch.manual_seed(0)
         batches = [torch.randint(0, 1000, (2, 6)) for _ in range(2)]
-        with Executor(dep, backend, store, platform) as ex:
+        with segment_batches(adapter, dep, platform, backend, store) as ex:
             results = [ex.run_batch(ids) for ids in batches]
         for res, ids in zip(results, batches, strict=True):
             assert (res.output - adapter.reference_forward(ids)).abs().max() <= 1e-4

@@ -4,7 +4,7 @@ function, equals the monolithic model for every scatter-gather method.
 One local Ray node (loopback only) and one backend serve the whole module: Ray starts in
 ~5 s and every replica is a process that imports torch, so the model is deployed once and
 the methods differ only in the plan the executor follows (the functions are the same, as
-in tests/unit/test_runtime_executor.py).
+in tests/unit/test_segment_runner.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from moefleet.models.hf import HFMoEAdapter
 from moefleet.plan import DeploymentPlan
 from moefleet.platform import LocalObjectStore, PlatformSpec, load_platform
 from moefleet.runtime.deploy import Deployment, deploy_plan
-from moefleet.runtime.executor import Executor
 from moefleet.runtime.ray_backend import RayBackend, start_local_ray
+from tests.segment_helpers import segment_batches
 
 # Not importorskip: importing ray here would be too early for a loopback-only node.
 if importlib.util.find_spec("ray") is None:
@@ -100,7 +100,7 @@ def test_outputs_equal_the_monolithic_model(
     ids = torch.randint(0, 1000, (2, 7), generator=g)
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0  # right padding, as the runner batches
-    with Executor(dep, backend, store, platform) as ex:
+    with segment_batches(adapter, dep, platform, backend, store) as ex:
         res = ex.run_batch(ids, mask, ["a", "b"])
     diff = ((res.output - adapter.reference_forward(ids, mask))[mask.bool()])
     assert diff.abs().max() <= 1e-4  # real tokens (padding skips the experts)

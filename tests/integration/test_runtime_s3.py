@@ -10,8 +10,8 @@ from moefleet.models.tiny import tiny_model
 from moefleet.plan import DeploymentPlan
 from moefleet.platform import load_platform, open_store
 from moefleet.runtime.deploy import deploy_plan, remove_objects
-from moefleet.runtime.executor import Executor
 from moefleet.runtime.local import LocalBackend
+from tests.segment_helpers import segment_batches
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -29,7 +29,7 @@ def test_pipelined_layer_through_s3(moto_endpoint: str, aws_credentials: None) -
         dep = deploy_plan(adapter, plan, platform, store, backend=backend)
         assert store.exists(dep.layout.expert_key(1, 3))
         ids = torch.randint(0, 1000, (2, 5))
-        with Executor(dep, backend, store, platform) as ex:
+        with segment_batches(adapter, dep, platform, backend, store) as ex:
             res = ex.run_batch(ids)
         assert (res.output - adapter.reference_forward(ids)).abs().max() <= 1e-4
         experts = [r for r in res.records if r.kind == "expert"]

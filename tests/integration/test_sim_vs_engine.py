@@ -10,17 +10,16 @@ the same.
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
 import numpy as np
 import torch
 
-from moefleet.engine import Engine, InProcessRunner, SamplingParams
+from moefleet.engine import SamplingParams
 from moefleet.engine.replay import replay
-from moefleet.experts.kernels import in_process_experts
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
 from moefleet.sim.engine_sim import StepTimeModel, simulate_engine
+from tests.engine_helpers import build_engine
 
 
 def test_simulated_ttft_and_tpot_match_the_engine_within_20_percent() -> None:
@@ -33,7 +32,7 @@ def test_simulated_ttft_and_tpot_match_the_engine_within_20_percent() -> None:
     outs = [int(rng.integers(8, 24)) for _ in range(n)]
     arrivals = [(float(ti), p, SamplingParams(max_tokens=o, temperature=0, ignore_eos=True))
                 for ti, p, o in zip(t, prompts, outs, strict=True)]
-    engine = Engine(_runner(adapter), max_num_seqs=8, max_num_batched_tokens=128)
+    engine = build_engine(adapter, max_num_seqs=8, max_num_batched_tokens=128)
     real = replay(engine, arrivals, max_wall_s=300)
     assert all(o.finished and len(o.new_token_ids) == k for o, k in zip(real, outs, strict=True))
 
@@ -50,6 +49,3 @@ def test_simulated_ttft_and_tpot_match_the_engine_within_20_percent() -> None:
     assert abs(sim_ttft / real_ttft - 1) <= 0.20, (sim_ttft, real_ttft)
     assert abs(sim_tpot / real_tpot - 1) <= 0.20, (sim_tpot, real_tpot)
 
-
-def _runner(adapter: Any) -> InProcessRunner:
-    return InProcessRunner(adapter, experts=in_process_experts(adapter))

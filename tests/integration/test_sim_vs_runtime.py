@@ -31,17 +31,16 @@ def _run_runtime(tmp: Path) -> dict[str, Any]:
     from moefleet.platform import load_platform, open_store
     from moefleet.profiles.cache import profile_for
     from moefleet.runtime.base import create_backend
-    from moefleet.runtime.deploy import deploy_plan, install
-    from moefleet.runtime.executor import Executor
-    from moefleet.runtime.runner import make_batches
+    from moefleet.runtime.deploy import deploy_plan
     from moefleet.traces import profile as record_routing
+    from tests.segment_helpers import one_request_batches, segment_batches
 
     zoo.build(MODEL)
     adapter = load_adapter(MODEL)
     prompts = load_prompts("wikitext2")[: 4 * REQUESTS]
     ids, texts = [p.request_id for p in prompts], [p.text for p in prompts]
     budget = dict(max_tokens=REQUESTS * 48, max_length=48)
-    batches = make_batches(adapter, ids, texts, batch_size=1, **budget)  # one request each
+    batches = one_request_batches(adapter, ids, texts, **budget)  # one request each
     trace = record_routing(adapter, ids, texts, attention_ids=False, **budget)
     s = adapter.summary()
     plan = DeploymentPlan.uniform(MODEL, "aws-lambda", s.moe_layers, s.num_experts,
@@ -52,8 +51,8 @@ def _run_runtime(tmp: Path) -> dict[str, Any]:
     backend = create_backend("local", platform, store=dep.store, workers=1)
     runs = []
     try:
-        install(dep, backend)
-        with Executor(dep, backend, store, platform) as ex:
+        with segment_batches(adapter, dep, platform, backend, store, batch_size=1,
+                             max_length=48) as ex:
             for ids_BT, mask, rids in batches:
                 res = ex.run_batch(ids_BT, mask, rids)
                 runs.append((rids[0], int(mask.sum()), res.latency_s, res.records))

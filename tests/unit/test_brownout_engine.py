@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from moefleet.brownout.groups import Grouping, index_groups
 from moefleet.brownout.salc import SALC
 from moefleet.engine import Engine, InProcessRunner, SamplingParams
 from moefleet.experts.brownout import BrownoutExperts
 from moefleet.experts.brownout_control import BrownoutControl
 from moefleet.experts.brownout_hook import SALCHook
-from moefleet.experts.kernels import in_process_experts
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
+from tests.engine_helpers import build_engine
 
 
 def _engine(threshold: float, salc: SALC | None = None):
@@ -29,7 +27,7 @@ def test_zero_brownout_in_the_engine_equals_the_plain_engine() -> None:
     engine, experts, _ = _engine(1.0)
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     got = engine.generate([[1, 2, 3], [7, 8]], params)
-    plain = Engine(_runner(HFMoEAdapter(tiny_model("mixtral", vocab_size=512, seed=5))))
+    plain = build_engine(HFMoEAdapter(tiny_model("mixtral", vocab_size=512, seed=5)))
     want = plain.generate([[1, 2, 3], [7, 8]], params)
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
     assert experts.stats.calls > 0 and experts.stats.dropped_pairs == 0
@@ -47,6 +45,3 @@ def test_salc_hook_lowers_the_threshold_when_latency_breaks_the_slo() -> None:
     assert hook.trace[-1][2] < 1.0 and experts.threshold < 1.0
     assert experts.stats.dropped_pairs > 0  # full brownout dropped rare experts' pairs
 
-
-def _runner(adapter: Any) -> InProcessRunner:
-    return InProcessRunner(adapter, experts=in_process_experts(adapter))

@@ -18,6 +18,7 @@ from moefleet.runtime.retry import POLICIES, RetryPolicy
 
 if TYPE_CHECKING:
     from moefleet.brownout.distill import DistillConfig
+    from moefleet.brownout.salc import SALC
     from moefleet.engine.engine import StepHook
     from moefleet.experts.brownout_control import BrownoutSpec
     from moefleet.experts.stack import ExpertStack
@@ -36,7 +37,8 @@ class StackOptions:
     ``retry``: the outermost retry policy (None: failures are not retried). ``wrap``: an
     extra piece inside the retries (a profiler). ``max_parallel``: remote dispatch threads.
     ``local``: in-process experts other than the adapter's kernel (a measurement's own
-    expert code); only without a plan, whose experts the plan places.
+    expert code); only without a plan, whose experts the plan places. ``salc``: a SALC
+    controller of one's own (its SLOs and rates) instead of the one ``brownout`` builds.
     """
 
     kernel: Kernel = "auto"
@@ -44,6 +46,7 @@ class StackOptions:
     brownout: BrownoutSpec | None = None
     distill: DistillConfig | None = None
     united_kernel: str = "loop"
+    salc: SALC | None = None
     faults: FaultPlan | None = None
     retry: RetryPolicy | None = field(default_factory=lambda: POLICIES["engine"])
     wrap: Callable[[ExpertStack], ExpertStack | ExpertFn] | None = None

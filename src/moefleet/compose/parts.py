@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from moefleet.runtime.deploy import MAIN_KV_MB, Deployment
 from moefleet.runtime.faults import BACKEND_FAULTS, FaultPlan, FaultyBackend
 from moefleet.runtime.handlers import MB
 from moefleet.runtime.lifecycle import deployed_backend
+from moefleet.runtime.segments import SegmentRunner
 
 BrownoutPiece = tuple[Any, float, str, str]
 
@@ -65,7 +66,7 @@ def brownout_piece(adapter: MoEModelAdapter, stack: StackOptions, device: torch.
         for mods in groups.modules.values():
             for m in mods:
                 m.to(device)
-    how = "SALC" if spec.controlled else f"threshold {spec.threshold:g}"
+    how = "SALC" if spec.controlled or stack.salc else f"threshold {spec.threshold:g}"
     notes.append(f"brownout: {spec.ways}-way united experts, {spec.mode}, {how}")
     return groups, spec.threshold, spec.mode, stack.united_kernel
 
@@ -74,12 +75,12 @@ def salc_hooks(pieces: ExpertStack, stack: StackOptions) -> list[StepHook]:
     """SALC as a step hook over the stack's brownout router (when SLOs were given)."""
     spec = stack.brownout
     router = find(pieces, BrownoutExperts)
-    if spec is None or not spec.controlled or router is None:
+    if spec is None or router is None or not (spec.controlled or stack.salc is not None):
         return []
     from moefleet.experts.brownout_control import BrownoutControl
     from moefleet.experts.brownout_hook import SALCHook
 
-    return [SALCHook(BrownoutControl(spec.salc(), router))]
+    return [SALCHook(BrownoutControl(stack.salc or spec.salc(), router))]
 
 
 def _same_model(a: str, b: str) -> bool:
@@ -120,6 +121,7 @@ class DeployedParts:
     backend: FunctionBackend
     device: str
     notes: list[str] = field(default_factory=list)
+    spawn: Callable[[], DeployedParts] | None = None  # more parts over the same functions
 
 
 @contextlib.contextmanager
@@ -150,23 +152,28 @@ def deployed_parts(adapter: MoEModelAdapter, plan: DeploymentPlan | Deployment,
     kinds = {"expert", "segment"} if segments else {"expert"}
     with deployed_backend(plan, platform=spec, store=store, adapter=adapter, backend=backend,
                           backend_options=backend_options, kinds=kinds, wrap=wrap) as (dep, fb):
-        rx = RemoteExperts(dep, fb, store, max_parallel=stack.max_parallel)
-        pieces: ExpertStack = rx
-        runner: Any = None
+        made: list[DeployedParts] = []
+
+        def build() -> DeployedParts:
+            rx = RemoteExperts(dep, fb, store, max_parallel=stack.max_parallel)
+            try:
+                make = _main_parts if remoe else _expert_parts
+                parts = make(adapter, dep, fb, store, spec, stack, options, rx, at_seam,
+                             notes, audit)
+            except BaseException:
+                rx.close()
+                raise
+            parts.spawn = build
+            made.append(parts)
+            return parts
+
         try:
-            if remoe:
-                parts = _main_parts(adapter, dep, fb, store, spec, stack, options, rx,
-                                    at_seam, notes, audit)
-            else:
-                parts = _expert_parts(adapter, dep, fb, store, spec, stack, options, rx,
-                                      at_seam, notes, audit)
-            pieces, runner = parts.stack, parts.runner
-            yield parts
+            yield build()
         finally:
-            pieces.close()
-            rx.close()
-            if hasattr(runner, "close"):
-                runner.close()
+            for parts in made:
+                parts.stack.close()
+                if isinstance(parts.runner, SegmentRunner):
+                    parts.runner.close()
 
 
 def _name(backend: str | FunctionBackend) -> str:
@@ -184,8 +191,6 @@ def _expert_parts(adapter: MoEModelAdapter, dep: Deployment, fb: FunctionBackend
     runner: ModelRunner
     sources: list[Attributed] = [rx]
     if options.runner == "segments":
-        from moefleet.runtime.segments import SegmentRunner
-
         context = int(getattr(getattr(adapter.model, "config", None),
                               "max_position_embeddings", 512) or 512)
         seg = SegmentRunner(dep, fb, store, experts=pieces, staged=rx,

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from moefleet.compose.billing import Biller, InProcessBiller, InProcessPricer
+from moefleet.compose.billing import Biller, InProcessBiller, InProcessPricer, InvocationBiller
 from moefleet.compose.options import Billing, EngineOptions, StackOptions
 from moefleet.compose.parts import (
+    DeployedParts,
     brownout_piece,
     check_plan_model,
     deployed_parts,
@@ -69,6 +70,9 @@ class OpenedEngine:
     backend: FunctionBackend | None = None
     device: str = "cpu"
     notes: list[str] = field(default_factory=list)
+    spawn: Callable[[], OpenedEngine] | None = None
+    """Another engine over the same deployed functions (its own runner, expert stack and
+    biller; closed with this one), for requests that must run independently at once."""
 
     @property
     def brownout(self) -> BrownoutExperts | None:
@@ -85,6 +89,13 @@ class OpenedEngine:
 
         r = find(self.stack, RetryingExperts)
         return r.retries if r is not None else 0
+
+    def client_store_requests(self) -> tuple[int, int]:
+        """(PUT+LIST, GET) requests this process made itself (billed as storage)."""
+        if not isinstance(self.biller, InvocationBiller):
+            return 0, 0
+        pairs = [src.store_requests() for src in self.biller.sources]
+        return sum(p for p, _ in pairs), sum(g for _, g in pairs)
 
     @property
     def salc(self) -> Any:
@@ -149,11 +160,23 @@ def open_engine(adapter: MoEModelAdapter, *,
         parts = exits.enter_context(deployed_parts(
             adapter, plan, spec, store, stack, options, backend=backend,
             backend_options=backend_options, audit=audit))
-        engine = assemble(parts.runner, tokenizer=adapter.tokenizer, options=options,
-                          hooks=salc_hooks(parts.stack, stack))
-        parts.biller.attach(engine)
-        yield OpenedEngine(engine, parts.biller, parts.stack, parts.runner, parts.deployment,
-                           parts.backend, parts.device, parts.notes)
+        yield _opened(parts, adapter, stack, options)
+
+
+def _opened(parts: DeployedParts, adapter: MoEModelAdapter, stack: StackOptions,
+            options: EngineOptions) -> OpenedEngine:
+    engine = assemble(parts.runner, tokenizer=adapter.tokenizer, options=options,
+                      hooks=salc_hooks(parts.stack, stack))
+    parts.biller.attach(engine)
+    spawn = parts.spawn
+
+    def sibling() -> OpenedEngine:
+        assert spawn is not None  # deployed parts can always make more
+        return _opened(spawn(), adapter, stack, options)
+
+    return OpenedEngine(engine, parts.biller, parts.stack, parts.runner, parts.deployment,
+                        parts.backend, parts.device, parts.notes,
+                        spawn=sibling if spawn is not None else None)
 
 
 def _in_process(adapter: MoEModelAdapter, stack: StackOptions, options: EngineOptions,

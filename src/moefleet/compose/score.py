@@ -31,6 +31,7 @@ from moefleet.engine import SamplingParams
 from moefleet.errors import MoefleetError
 from moefleet.models.base import MoEModelAdapter
 from moefleet.platform import Meter
+from moefleet.runtime.segments import SegmentRunner
 
 SCORE = SamplingParams(max_tokens=0)
 
@@ -52,6 +53,9 @@ def score(opened: OpenedEngine, prompts: Sequence[tuple[str, list[int]]], *,
     """Score ``prompts`` (request id, token ids) and summarise (module docstring)."""
     if not prompts:
         raise MoefleetError("no prompts to run", "use a dataset with text in it")
+    if opened.backend is None:
+        raise MoefleetError("a measured run needs a deployed plan", "pass --plan")
+    before = len(opened.backend.records())  # a running backend may have served others
     run = run_billed(opened, [ids for _, ids in prompts], SCORE, progress=progress,
                      request_ids=[rid for rid, _ in prompts])
     failed = [o for o in run.outputs if o.finish_reason == "error"]
@@ -60,11 +64,11 @@ def score(opened: OpenedEngine, prompts: Sequence[tuple[str, list[int]]], *,
                             f"{failed[0].error}", "see the error; retry the run")
     max_diff = None
     if reference is not None:
-        max_diff = _check(reference, prompts, run.outputs, tolerance)
+        max_diff = max_abs_diff(reference, prompts, run.outputs, tolerance)
     steps = opened.engine.stats.steps
     latencies = [s.forward_s for s in steps]
     tokens = sum(len(ids) for _, ids in prompts)
-    summary = _bill(opened, tokens)
+    summary = _bill(opened, tokens, before)
     busy = sum(latencies)
     summary.update({
         "batches": len(steps), "tokens": tokens,
@@ -81,8 +85,10 @@ def score(opened: OpenedEngine, prompts: Sequence[tuple[str, list[int]]], *,
     return summary
 
 
-def _check(reference: MoEModelAdapter, prompts: Sequence[tuple[str, list[int]]],
-           outputs: Sequence[Any], tolerance: float) -> float:
+def max_abs_diff(reference: MoEModelAdapter, prompts: Sequence[tuple[str, list[int]]],
+                 outputs: Sequence[Any], tolerance: float = float("inf")) -> float:
+    """The largest |deployed - monolithic| over every request's outputs; raises past
+    ``tolerance``."""
     import torch
 
     worst = 0.0
@@ -98,24 +104,21 @@ def _check(reference: MoEModelAdapter, prompts: Sequence[tuple[str, list[int]]],
     return worst
 
 
-def _bill(opened: OpenedEngine, tokens: int) -> dict[str, Any]:
-    """The platform's bill over every record the backend kept, per layer and kind."""
+def _bill(opened: OpenedEngine, tokens: int, before: int) -> dict[str, Any]:
+    """The platform's bill over every record the backend kept since ``before``, per layer
+    and kind."""
     biller = opened.biller
     if opened.deployment is None or opened.backend is None \
             or not isinstance(biller, InvocationBiller):
         raise MoefleetError("a measured run needs a deployed plan", "pass --plan")
     dep, backend = opened.deployment, opened.backend
     meter = Meter(biller.spec)
-    records = backend.records()
+    records = backend.records()[before:]
     for r in records:
         meter.add(r)
-    puts = gets = 0
-    for src in biller.sources:
-        p, g = src.store_requests()
-        puts, gets = puts + p, gets + g
-    meter.add_storage(puts, gets, function="<engine>")
+    meter.add_storage(*opened.client_store_requests(), function="<engine>")
     bill = meter.bill()
-    layer_times = getattr(opened.runner, "layers", {})
+    layer_times = opened.runner.layers if isinstance(opened.runner, SegmentRunner) else {}
     layers = []
     for layer in dep.moe_layers:
         recs = [r for r in records if r.layer == layer]

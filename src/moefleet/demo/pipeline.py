@@ -274,39 +274,47 @@ def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, dataset: str,
     one batch it was planned for, bill it (module doc, stage 7)."""
     import tempfile
 
+    from moefleet.compose import open_engine
+    from moefleet.compose.run import run_billed
+    from moefleet.compose.score import SCORE, max_abs_diff, score_options
     from moefleet.plan import DeploymentPlan
     from moefleet.plan.costmodel import PARAM_GETS
     from moefleet.platform import Meter, open_store
-    from moefleet.runtime.runner import make_batches
-    from moefleet.runtime.session import open_deployment
+    from moefleet.traces.profile import tokenize_prompts
 
     plan = DeploymentPlan.load(plan_path)
     rids, texts = _workload_texts(work, dataset)
-    (batch,) = make_batches(adapter, rids, texts, max_tokens=work.num_tokens,
-                            max_length=cfg.max_length, batch_size=len(rids))
+    kept = tokenize_prompts(adapter, texts, max_tokens=work.num_tokens,
+                            max_length=cfg.max_length)
+    prompts = [(rids[i], ids) for i, ids in kept]
     options: dict[str, Any] = {"limits": True, "wire": "base64"}
     if cfg.workers is not None:
         options["workers"] = cfg.workers
+    # one step: every request of the workload in the one batch it was planned for
     with tempfile.TemporaryDirectory(prefix="moefleet-demo-store-") as tmp, \
-            open_deployment(plan, platform=spec, store=open_store(tmp), adapter=adapter,
-                            backend="local", backend_options=options) as session:
-        backend: Any = session.backend  # LocalBackend: stats() has the limit counters
+            open_engine(adapter, plan=plan, platform=spec, store=open_store(tmp),
+                        backend="local", backend_options=options,
+                        options=score_options(len(prompts), cfg.max_length)) as opened:
+        backend: Any = opened.backend  # LocalBackend: stats() has the limit counters
         t0 = time.perf_counter()
-        try:
-            res = session.run_batch(*batch)
-        except MoefleetError as err:
-            stats = backend.stats()
-            return {"error": err.message, "limits": stats.get("limits"),
-                    "out_of_memory": stats.get("out_of_memory")}
+        run = run_billed(opened, [ids for _, ids in prompts], SCORE,
+                         request_ids=[rid for rid, _ in prompts])
         wall = time.perf_counter() - t0
-        client_puts, client_gets = session.executor.client_requests()
-        oversize = session.executor.oversize_splits
+        failed = [o for o in run.outputs if o.finish_reason == "error"]
+        if failed:
+            stats = backend.stats()
+            return {"error": failed[0].error, "limits": stats.get("limits"),
+                    "out_of_memory": stats.get("out_of_memory")}
+        records = backend.records()
+        client_puts, client_gets = opened.client_store_requests()
+        oversize = opened.remote.oversize_splits if opened.remote is not None else 0
+        latency_s = opened.engine.stats.steps[-1].forward_s
         stats = backend.stats()
     if progress:
         progress(1, 1)
     meter = Meter(spec)
     expert = expert_store = segment_store = segment_total = segment_param = 0.0
-    for rec in res.records:
+    for rec in records:
         parts = meter.add(rec)
         if rec.kind == "expert":
             expert += parts.total
@@ -317,19 +325,18 @@ def measure(plan_path: Path, adapter: Any, spec: Any, work: Any, dataset: str,
             segment_param += param
             segment_store += parts.storage - param
             segment_total += parts.total
-    client = meter.add_storage(client_puts, client_gets, function="<executor>").total
-    # Padding positions never reach an expert (their MoE output is 0): compare real tokens.
-    real_BT = batch[1].bool() if batch[1] is not None else slice(None)
-    diff = float((res.output - adapter.reference_forward(batch[0], batch[1]))[real_BT]
-                 .abs().max())
+    client = meter.add_storage(client_puts, client_gets, function="<engine>").total
+    tokens = sum(len(ids) for _, ids in prompts)
     return {"moe_cost_usd": expert + segment_store + client,
             "expert_cost_usd": expert, "expert_store_usd": expert_store,
             "segment_store_usd": segment_store, "segment_param_usd": segment_param,
             "client_store_usd": client, "total_cost_usd": expert + segment_total + client,
-            "latency_s": res.latency_s, "wall_s": wall,
-            "throughput_tokens_per_s": res.tokens / res.latency_s, "tokens": res.tokens,
-            "positions": res.positions, "cold_starts": sum(r.cold for r in res.records),
-            "invocations": len(res.records), "max_abs_diff": diff,
+            "latency_s": latency_s, "wall_s": wall,
+            "throughput_tokens_per_s": tokens / latency_s, "tokens": tokens,
+            "positions": len(prompts) * max(len(ids) for _, ids in prompts),
+            "cold_starts": sum(r.cold for r in records),
+            "invocations": len(records),
+            "max_abs_diff": max_abs_diff(adapter, prompts, run.outputs),
             # extra invocations for direct shares the plan undercounted (eq. 12f broken)
             "oversize_splits": oversize,
             "cpu_stretch_s": stats["cpu_stretch_s"], "limits": stats["limits"]}

@@ -1,7 +1,7 @@
 """Object-store requests of the segments and the coordinator, per MoE layer (our addition).
 
 The paper's objective bills the experts only. A deployment also pays for the requests the
-non-MoE segment functions and the coordinator (``runtime.executor``) make to move a MoE
+non-MoE segment functions and the coordinator (``runtime.segments``) make to move a MoE
 layer's activations: on a platform with a few-MB inline limit these are most of the
 requests of a direct plan (measured in ``moefleet demo``). This module counts them with
 the runtime's own rules: which tensors a packet spills (``platform.inline.spill_names``,

@@ -155,28 +155,18 @@ def measure_plan(plan: Any, adapter: Any, prompts: list[list[int]], *, platform:
     Returns per-request ``results`` (``RequestResult``), the generation phase's
     ``main_records`` and ``remote_records``, the warm phase's ``cold`` summary and the
     ``gpu_share`` the main function is priced with (GPU emulated)."""
-    from moefleet.remoe.run import generate, gpu_share, start_all
-    from moefleet.runtime.base import create_backend
-    from moefleet.runtime.deploy import install, remove_objects
-    from moefleet.runtime.session import deploy
+    from moefleet.remoe.run import generate, start_all
+    from moefleet.runtime.lifecycle import deployed_backend
+    from moefleet.runtime.main_model import gpu_share
 
-    dep = deploy(plan, adapter, platform, store, backend_name="local")
-    fb = None
-    try:
-        fb = create_backend("local", platform, store=dep.store, workers=workers,
-                            main_workers=1)
-        install(dep, fb)
+    with deployed_backend(plan, platform=platform, store=store, adapter=adapter,
+                          backend="local",
+                          backend_options={"workers": workers, "main_workers": 1}) as (dep, fb):
         share = gpu_share(dep, platform)
         cold = start_all(dep, fb)
         mid = len(fb.records())
         batches = generate(dep, fb, prompts, max_tokens=max_tokens, batch_size=1)
         records = fb.records()[mid:]
-    finally:
-        try:
-            if fb is not None:
-                fb.teardown()
-        finally:
-            remove_objects(dep, store)
     return {"results": [r for res, _ in batches for r in res.requests()],
             "remote_invocations": [res.remote_invocations for res, _ in batches],
             "main_records": [r for r in records if r.kind == "main"],

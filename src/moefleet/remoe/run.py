@@ -143,7 +143,7 @@ def run_remoe_plan(source: Any, prompts: list[list[int]], *, platform: PlatformS
     """Deploy (a plan; or take a ``Deployment``), create its functions, :func:`run_remoe`,
     compare with the monolithic model when ``check`` (needs ``adapter``), then
     ``cold_repeats`` more cold starts (every function redeployed: a new version starts
-    cold), tear down (``runtime.session.deployed_backend``: whatever happens, the backend
+    cold), tear down (``runtime.lifecycle.deployed_backend``: whatever happens, the backend
     is torn down and the weights this call uploaded are removed)."""
     from moefleet.runtime.deploy import install
     from moefleet.runtime.lifecycle import deployed_backend

@@ -4,11 +4,10 @@
   teardown), ``FunctionSpec``, ``HandlerRef``, ``create_backend``;
 - :mod:`~moefleet.runtime.local`: the ``local`` backend (worker processes, embedded default);
 - :mod:`~moefleet.runtime.handlers`: segment, expert and diagnostic handlers;
-- :mod:`~moefleet.runtime.executor`: scatter-gather execution (pipelined | storage | direct);
+- :mod:`~moefleet.runtime.segments`: the segment runner (non-experts in segment functions);
 - :mod:`~moefleet.runtime.deploy`: plan → functions (+ weights in the object store);
-- :mod:`~moefleet.runtime.runner`: measured runs priced by the platform's ``Meter``;
-- :mod:`~moefleet.runtime.session`: deploy -> run -> teardown as one call
-  (``open_deployment``, ``run_plan``), shared by ``moefleet run``, the demo and the server.
+- :mod:`~moefleet.runtime.lifecycle`: deploy -> use -> teardown as one context manager,
+  under the composition root (``moefleet.compose.open_engine``).
 
 Heavy modules (torch, transformers, multiprocessing pools) load only when used.
 """

@@ -211,13 +211,16 @@ def deploy_plan(
 
 
 def install(deployment: Deployment, backend: FunctionBackend, *,
-            kinds: Collection[str] | None = None) -> list[FunctionSpec]:
+            kinds: Collection[str] | None = None,
+            keep_existing: bool = False) -> list[FunctionSpec]:
     """Create the deployment's functions on ``backend`` (weights must be in the store):
     those whose kind (``segment``, ``expert``, ``main``) is in ``kinds``, or all (None).
     The caller plays the others (the engine runs the non-experts itself, or ``serve``
-    plays the main function)."""
-    return [backend.deploy(spec) for spec in deployment.functions
-            if kinds is None or spec.kind in kinds]
+    plays the main function). A function is deployed again (a new version: its next call
+    is cold) unless ``keep_existing`` and the backend already has it as specified."""
+    have = backend.functions() if keep_existing else {}
+    return [spec if have.get(spec.name) == spec else backend.deploy(spec)
+            for spec in deployment.functions if kinds is None or spec.kind in kinds]
 
 
 def remove_objects(deployment: Deployment, store: ObjectStore) -> int:

@@ -55,7 +55,8 @@ def deployed_backend(
     all; the caller plays the others, e.g. ``serve`` plays the main function), yield the
     deployment and the backend (``wrap``-ped, e.g. by fault injection), and always tear
     down (see the module invariants). ``backend`` may be a backend that already runs (a
-    test's, a benchmark's): the functions are created on it, and it is left running."""
+    test's, a benchmark's): the functions are created on it (those it has already, as
+    specified, are kept warm), and it is left running."""
     given = backend if isinstance(backend, FunctionBackend) else None
     name = given.name if given is not None else str(backend)
     if isinstance(source, DeploymentPlan):
@@ -72,7 +73,8 @@ def deployed_backend(
         fb = given if given is not None else create_backend(dep.backend, platform, **options)
         if wrap is not None:
             fb = wrap(fb)
-        install(dep, fb, kinds=kinds)
+        # a running backend keeps the functions it already has as specified (warm)
+        install(dep, fb, kinds=kinds, keep_existing=given is not None)
         yield dep, fb
     finally:
         try:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import queue
 import random
 import statistics
 import time
@@ -163,11 +164,13 @@ def run_measured(sc: Scenario, plans: tuple[DeploymentPlan, DeploymentPlan], ada
     """Deploy on the local backend, warm up (serial), replay ``arrivals`` under
     ``controller`` (None = the static plan) through :class:`ControlLoop`; returns the
     replay's log and the warm-up's (request id, latency, records)."""
+    from moefleet.compose import open_engine
+    from moefleet.compose.batches import Batches
+    from moefleet.compose.score import score_options
     from moefleet.platform import open_store
     from moefleet.runtime.base import create_backend
-    from moefleet.runtime.deploy import install, remove_objects
-    from moefleet.runtime.executor import Executor
-    from moefleet.runtime.session import deploy
+    from moefleet.runtime.deploy import remove_objects
+    from moefleet.runtime.lifecycle import deploy
 
     sim_plan, dispatch = plans
     store = open_store(store_dir)
@@ -176,11 +179,26 @@ def run_measured(sc: Scenario, plans: tuple[DeploymentPlan, DeploymentPlan], ada
     log = RunLog()
     warm: list[tuple[str, float, list[Any]]] = []
     try:
-        install(dep, backend)
-        experts = [f for f in sim_plan.placement().functions if f.role == "expert"]
-        for f in experts:  # pods: the replica cap
-            backend.reconfigure(f.name, FunctionConfig(f.memory_mb, f.replicas, 1))
-        with Executor(dep, backend, store, sc.spec) as ex:
+        longest = max(int(ids.shape[1]) for ids, _ in batches.values())
+        with open_engine(adapter, plan=dep, backend=backend, store=store, platform=sc.spec,
+                         options=score_options(1, max(2, longest)), model_ref=dep.model,
+                         audit=True) as opened:
+            experts = [f for f in sim_plan.placement().functions if f.role == "expert"]
+            for f in experts:  # pods: the replica cap
+                backend.reconfigure(f.name, FunctionConfig(f.memory_mb, f.replicas, 1))
+            # each request runs on its own engine (lane), independently, as each would
+            # on a platform: idle lanes are reused, a new one is spawned when all are busy
+            lanes: queue.SimpleQueue[Batches] = queue.SimpleQueue()
+            lanes.put(Batches(opened))
+
+            def lane() -> Batches:
+                try:
+                    return lanes.get_nowait()
+                except queue.Empty:
+                    assert opened.spawn is not None  # a deployed plan spawns lanes
+                    return Batches(opened.spawn())
+
+            ex = lane()
             for rid in warmup_ids:
                 res = ex.run_batch(*batches[rid], [rid])
                 warm.append((rid, res.latency_s, res.records))
@@ -190,14 +208,19 @@ def run_measured(sc: Scenario, plans: tuple[DeploymentPlan, DeploymentPlan], ada
                 interval_s=sc.interval_s, apply_delay_s=APPLY_DELAY_S, slo_s=sc.slo_s,
                 bytes_per_token=4 * adapter.summary().hidden_size), clock=clock)
 
+            lanes.put(ex)
+
             def serve(a: Arrival) -> None:
                 loop.request_started()
+                mine = lane()
                 try:
-                    res = ex.run_batch(*batches[a.request_id], [a.request_id])
+                    res = mine.run_batch(*batches[a.request_id], [a.request_id])
                 except Exception:  # a failed request is counted, the replay goes on
                     log.failed.append(a.request_id)
                     loop.request_finished(float("inf"))
                     return
+                finally:
+                    lanes.put(mine)
                 log.latencies[a.request_id] = res.latency_s
                 log.calls[a.request_id] = len(res.records)
                 log.records.extend(res.records)
@@ -358,19 +381,23 @@ def requests_for(adapter: Any, request_ids: Sequence[str], dataset: str, split: 
     """One single-request batch per id (prompts of ``dataset`` in turn, cut at
     ``prompt_tokens``) and the routing trace of exactly those requests (the simulator
     replays it per request id)."""
+    import torch
+
     from moefleet.data import load_prompts
-    from moefleet.runtime.runner import make_batches
     from moefleet.traces import profile as record_routing
+    from moefleet.traces.profile import tokenize_prompts
 
     prompts = load_prompts(dataset, split=split)
     texts = [prompts[i % len(prompts)].text for i in range(len(request_ids))]
     max_tokens = len(request_ids) * prompt_tokens
-    made = make_batches(adapter, list(request_ids), texts, batch_size=1,
-                        max_tokens=max_tokens, max_length=prompt_tokens)
+    made = tokenize_prompts(adapter, texts, max_tokens=max_tokens, max_length=prompt_tokens)
     if len(made) != len(request_ids):
         raise AutoscaleError(f"{dataset}: {len(made)} of {len(request_ids)} prompts "
                              "tokenised to a request", "use a dataset with non-empty prompts")
-    batches = {rids[0]: (ids_BT, mask) for ids_BT, mask, rids in made}
+    batches = {}
+    for i, ids in made:
+        ids_BT = torch.tensor([ids])
+        batches[request_ids[i]] = (ids_BT, torch.ones_like(ids_BT))
     trace = record_routing(adapter, list(request_ids), texts, attention_ids=False,
                            max_tokens=max_tokens, max_length=prompt_tokens)
     return batches, trace

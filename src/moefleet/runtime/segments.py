@@ -277,7 +277,6 @@ class SegmentStack:
     def moe(self, layer: int, x: _Handle, step: StepInput, experts: StepExperts,
             counts: dict[int, torch.Tensor]) -> _Handle:
         lt = self.r.layers[layer]
-        t0 = time.perf_counter()
         if x.ids_NK is None:  # not pipelined: the routing came back with the pre call
             packet = x.result()
             resolve(packet, self.r.store, {"ids_NK", "w_NK"})
@@ -289,23 +288,24 @@ class SegmentStack:
                                        minlength=len(self.r._replicas[layer])).cpu()
         if lt.method == "direct":
             packet = x.result()
+            t0 = time.perf_counter()  # the layer's expert time: fetching x, the calls
             resolve(packet, self.r.store, {"x_BTD", "w_NK"})
             x_BTD, w_NK = packet.tensors["x_BTD"], packet.tensors["w_NK"]
             valid_N = step.valid_BT.reshape(-1)
             x_ND = x_BTD.reshape(-1, x_BTD.shape[-1])
             experts.set_owners([o for o, n in zip(self.owners, step.lengths, strict=True)
                                 for _ in range(n)])
+            yv_ND = experts(layer, x_ND[valid_N], ids_NK[valid_N], w_NK[valid_N])
+            lt.experts_s.append(time.perf_counter() - t0)
             y_ND = torch.zeros_like(x_ND)
-            y_ND[valid_N] = experts(layer, x_ND[valid_N], ids_NK[valid_N], w_NK[valid_N]
-                                    ).to(y_ND.dtype)
-            routed = _Handle(Packet(tensors={"routed_ND": y_ND}))
-        else:
-            T = step.input_ids_BT.shape[1]
-            row_owner = [self.owners[n // T] for n in range(ids_NK.shape[0])]
-            x.shares = self.r.staged.run_staged(layer, ids_NK, self.prefix, row_owner)
-            routed = _Handle(None)
+            y_ND[valid_N] = yv_ND.to(y_ND.dtype)
+            return _Handle(Packet(tensors={"routed_ND": y_ND}))
+        T = step.input_ids_BT.shape[1]
+        row_owner = [self.owners[n // T] for n in range(ids_NK.shape[0])]
+        t0 = time.perf_counter()
+        x.shares = self.r.staged.run_staged(layer, ids_NK, self.prefix, row_owner)
         lt.experts_s.append(time.perf_counter() - t0)
-        return routed
+        return _Handle(None)
 
     def post_moe(self, layer: int, residual: _Handle, x: _Handle,
                  routed: _Handle | None) -> _Handle:

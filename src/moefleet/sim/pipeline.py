@@ -4,7 +4,7 @@
     -> barrier (last output visible) -> seg-b post] -> next block
 
 A pass is a generator used with ``yield from`` inside a request (or decode-loop)
-process. It mirrors the runtime's executor (``moefleet.runtime.executor``), an unbilled
+process. It mirrors the runtime's executor (``moefleet.runtime.segments``), an unbilled
 coordinator: per block a ``pre`` call of the segment function (attention, gate, scatter
 upload), then on MoE blocks the expert replica calls and a ``post`` call (gather,
 combine, residual; the last block's head). The segment's profiled compute is charged to

@@ -1,4 +1,5 @@
-"""The executor on the local backend: equals the monolithic model for every method,
+"""The segment runner (ODS/BO's layout: non-experts in segment functions) on the local
+backend, through the composition root: equals the monolithic model for every method,
 accounts for every token, prices and attributes cost, and fails clearly."""
 
 from __future__ import annotations
@@ -10,15 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from moefleet.compose import open_engine
+from moefleet.compose.score import score, score_options
+from moefleet.experts.remote import RemoteExperts
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
 from moefleet.plan import DeploymentPlan, PlanError
 from moefleet.platform import LocalObjectStore, PlatformSpec, load_platform
-from moefleet.runtime import FunctionError, HandlerError
+from moefleet.runtime import FunctionError
 from moefleet.runtime.deploy import Deployment, deploy_plan, install
-from moefleet.runtime.executor import Executor
 from moefleet.runtime.local import LocalBackend
-from moefleet.runtime.runner import run_workload
+from tests.segment_helpers import segment_batches
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -81,7 +84,7 @@ def test_outputs_equal_the_monolithic_model(
     adapter = adapters[family]
     dep = replace(deployed[family], plan=_plan(adapter, platform.name, method))
     ids, mask = _batch()
-    with Executor(dep, backend, store, platform) as ex:
+    with segment_batches(adapter, dep, platform, backend, store) as ex:
         res = ex.run_batch(ids, mask, ["a", "b", "c"])
     diff = ((res.output - adapter.reference_forward(ids, mask))[mask.bool()])
     assert diff.abs().max() <= 1e-4  # real tokens (padding skips the experts)
@@ -107,9 +110,13 @@ def test_run_workload_prices_and_attributes_cost(
     adapter = adapters["mixtral"]
     dep = deploy_plan(adapter, _plan(adapter, platform.name, "pipelined", replicas=1),
                       platform, store, backend=backend)
-    batches = [(*_batch(s), [f"r{s}-{b}" for b in range(3)]) for s in range(2)]
-    with Executor(dep, backend, store, platform) as ex:
-        summary = run_workload(ex, batches, reference=adapter)
+    prompts = []
+    for seed in range(2):
+        ids, mask = _batch(seed)
+        prompts += [(f"r{seed}-{b}", ids[b, : int(mask[b].sum())].tolist()) for b in range(3)]
+    with open_engine(adapter, plan=dep, backend=backend, store=store, platform=platform,
+                     options=score_options(3, 9)) as opened:
+        summary = score(opened, prompts, reference=adapter)
     assert summary["max_abs_diff"] <= 1e-4
     cost = summary["cost_usd"]
     assert cost["total"] > 0 and cost["storage"] > 0
@@ -131,7 +138,7 @@ def test_bert_moe_family_runs_too(platform: PlatformSpec, store: LocalObjectStor
                                   method="storage", replicas=2)
     dep = deploy_plan(adapter, plan, platform, store, backend=backend, namespace="bert.")
     ids = torch.randint(0, 120, (2, 6))
-    with Executor(dep, backend, store, platform) as ex:
+    with segment_batches(adapter, dep, platform, backend, store) as ex:
         out = ex.run_batch(ids).output
     assert (out - adapter.reference_forward(ids)).abs().max() <= 1e-4
 
@@ -148,7 +155,7 @@ def test_deployment_json_roundtrip_and_reinstall(
     try:
         install(loaded, fresh)
         ids, mask = _batch(1)
-        with Executor(loaded, fresh, store, platform) as ex:
+        with segment_batches(adapter, loaded, platform, fresh, store) as ex:
             out = ex.run_batch(ids, mask).output
         diff = ((out - adapter.reference_forward(ids, mask))[mask.bool()])
         assert diff.abs().max() <= 1e-4  # real tokens (padding skips the experts)
@@ -170,7 +177,7 @@ def test_plans_are_checked_against_model_and_platform(
         deploy_plan(adapter, bad, platform, store)
     dep = deploy_plan(adapter, _plan(adapter, platform.name, "storage"), platform, store)
     with pytest.raises(FunctionError, match=r"layers \[0, 1, 2\] pass tokens through"):
-        Executor(dep, backend, None, platform)
+        RemoteExperts(dep, backend, None)
 
 
 def test_small_payload_limit_spills_segments_and_refuses_direct(
@@ -185,7 +192,7 @@ def test_small_payload_limit_spills_segments_and_refuses_direct(
         ids, mask = _batch(2)
         dep = deploy_plan(adapter, _plan(adapter, small.name, "storage"), small, store,
                           backend=b)
-        with Executor(dep, b, store, small) as ex:
+        with segment_batches(adapter, dep, small, b, store) as ex:
             res = ex.run_batch(ids, mask)
         diff = ((res.output - adapter.reference_forward(ids, mask))[mask.bool()])
         assert diff.abs().max() <= 1e-4  # real tokens (padding skips the experts)
@@ -195,7 +202,7 @@ def test_small_payload_limit_spills_segments_and_refuses_direct(
         dep = deploy_plan(adapter, _plan(adapter, small.name, "direct", replicas=1), small,
                           store, backend=b)
         big = torch.randint(0, 1000, (4, 40))
-        with Executor(dep, b, store, small) as ex:
+        with segment_batches(adapter, dep, small, b, store) as ex:
             res = ex.run_batch(big)
             assert ex.oversize_splits > 0
         diff = res.output - adapter.reference_forward(big, torch.ones_like(big))
@@ -215,10 +222,10 @@ def test_missing_weights_name_the_object(
                       store, backend=backend)
     key = dep.layout.segments[1]
     store.delete(key)
-    with Executor(dep, backend, store, platform) as ex, pytest.raises(
-            HandlerError, match=f"seg-1: init failed.*{key}") as info:
+    with segment_batches(adapter, dep, platform, backend, store) as ex, pytest.raises(
+            RuntimeError, match=f"HandlerError: seg-1: init failed.*{key}") as info:
         ex.run_batch(*_batch())
-    assert "deploy the model again" in info.value.hint
+    assert "deploy the model again" in str(info.value)  # the hint travels with the error
 
 
 @pytest.mark.parametrize("fail_first,recovers", [(1, True), (-1, False)])
@@ -234,13 +241,13 @@ def test_storage_faults_in_functions(
         dep = deploy_plan(adapter, _plan(adapter, platform.name, "storage", replicas=1),
                           platform, store, backend=b)
         ids, mask = _batch()
-        with Executor(dep, b, store, platform) as ex:
+        with segment_batches(adapter, dep, platform, b, store) as ex:
             if recovers:
                 out = ex.run_batch(ids, mask).output
                 diff = ((out - adapter.reference_forward(ids, mask))[mask.bool()])
                 assert diff.abs().max() <= 1e-4  # real tokens (padding skips the experts)
             else:
-                with pytest.raises(HandlerError, match=r"seg-0: run failed: StorageError: "
+                with pytest.raises(RuntimeError, match=r"seg-0: run failed: StorageError: "
                                                        r"GET '.*/out-0' failed 3 times"):
                     ex.run_batch(ids, mask)
         assert not [k for k in store.list(dep.prefix + "/") if "/runs/" in k]
@@ -261,7 +268,7 @@ def test_pipelined_experts_start_while_the_gate_still_uploads(
         dep = deploy_plan(adapter, _plan(adapter, platform.name, "pipelined", replicas=1,
                                          beta=1), platform, store, backend=b)
         ids, mask = _batch(1)
-        with Executor(dep, b, store, platform) as ex:
+        with segment_batches(adapter, dep, platform, b, store) as ex:
             res = ex.run_batch(ids, mask, ["a", "b", "c"])
     finally:
         b.teardown()
