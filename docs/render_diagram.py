@@ -23,11 +23,13 @@ BOXES = [
 ]
 # (x1, y1, x2, y2): arrows between the boxes.
 ARROWS = [(160, 70, 190, 70), (340, 70, 370, 70), (520, 70, 550, 70), (635, 100, 635, 160),
-          (550, 190, 520, 190), (300, 190, 270, 190)]
+          (550, 190, 520, 190)]
+# Polylines (points): the plan also feeds the simulator and `compare`.
+PATHS = [[(575, 100), (575, 140), (140, 140), (140, 160)]]
 # (x, y, text): which paper decides what, under the box it plugs into.
 NOTES = [
-    (370, 120, "ODS/BO: Bayes predictor, ODS + BO planner"),
-    (550, 135, "Remoe: main + remote experts"),
+    (190, 125, "ODS/BO: Bayes predictor, ODS + BO planner, 3 scatter-gather methods"),
+    (645, 125, "Remoe: main + remote"),
     (300, 245, "BrownoutServe: united experts, SALC"),
     (550, 245, "sMoE: learned autoscaler"),
 ]
@@ -36,11 +38,11 @@ NOTES = [
 def render() -> str:
     """The SVG document as text."""
     parts = [
-        '<svg xmlns="http://www.w3.org/2000/svg" width="740" height="270" '
+        '<svg xmlns="http://www.w3.org/2000/svg" width="770" height="270" '
         'font-family="Helvetica, Arial, sans-serif">',
         '<defs><marker id="a" markerWidth="10" markerHeight="8" refX="9" refY="4" '
         'orient="auto"><path d="M0,0 L10,4 L0,8 z" fill="#3949ab"/></marker></defs>',
-        '<rect width="740" height="270" fill="white"/>',
+        '<rect width="770" height="270" fill="white"/>',
         '<text x="10" y="22" font-size="15" font-weight="bold">moefleet: '
         "cheapest billed cost at a latency SLO</text>",
     ]
@@ -54,6 +56,10 @@ def render() -> str:
     for x1, y1, x2, y2 in ARROWS:
         parts.append(f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="#3949ab" '
                      'stroke-width="2" marker-end="url(#a)"/>')
+    for pts in PATHS:
+        d = " ".join(f"{x},{y}" for x, y in pts)
+        parts.append(f'<polyline points="{d}" fill="none" stroke="#3949ab" stroke-width="2" '
+                     'marker-end="url(#a)"/>')
     for x, y, text in NOTES:
         parts.append(f'<text x="{x}" y="{y}" font-size="11" fill="#b71c1c">{text}</text>')
     parts.append("</svg>")
