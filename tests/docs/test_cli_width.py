@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import typer.main
 
-from tests.docs.runner import run
+from tests.docs.runner import ROOT, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 M = "tiny-mixtral-random"
@@ -34,6 +34,11 @@ COMMANDS = [
      "wikitext2:test", "--max-tokens", "2048", "--test-tokens", "1024", "--predictors",
      "bayes,lina,dop"],
     ["demo", "--model", M, "--quick", "--no-run", "-o", "demo"],
+    # Remoe's planner on the DeepSeek-V2-Lite shape (no weights) with the shipped timing.
+    ["plan", "--policy", "remoe", "--model", "deepseek-v2-lite", "--platform",
+     "alibaba-fc-gpu", "--ttft", "30", "--tpot", "1", "--activation", "uniform.npy",
+     "--timing", str(ROOT / "benchmarks" / "results" / "remoe_timing.json"), "-o",
+     "remoe.yaml"],
 ]
 # A digit, $ or % right before an ellipsis, or an ellipsis ending a cell: a cut value.
 CUT = re.compile(r"[\d.,$%]…|…\s*[│┃]")
@@ -43,10 +48,14 @@ NO_JSON = {"moefleet serve", "moefleet export"}
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cli80")
+    import numpy as np
+
+    d = tmp_path_factory.mktemp("cli80")
+    np.save(d / "uniform.npy", np.full((26, 64), 1 / 64))  # DeepSeek-V2-Lite: 26 x 64
+    return d
 
 
-@pytest.mark.parametrize("args", COMMANDS, ids=[" ".join(a[:2]) for a in COMMANDS])
+@pytest.mark.parametrize("args", COMMANDS, ids=[" ".join(a[:3]) for a in COMMANDS])
 def test_tables_fit_80_columns(args: list[str], workdir: Path) -> None:
     res = run(["moefleet", *args], workdir)  # runner's env sets COLUMNS=80
     assert res.returncode == 0, res.stdout[-3000:]
