@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = {"docs-home.png": "", "docs-results-odsbo.png": "results/odsbo/"}
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-         "--window-size=1280,900"]
+         "--virtual-time-budget=3000", "--window-size=1280,900"]
 
 
 def main() -> int:
