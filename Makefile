@@ -4,9 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Extras installed for the suite (ray adds ~15 s to a fresh install).
-EXTRAS ?= dev,aws,plan,sim,ray,serve
+EXTRAS ?= dev,aws,plan,sim,ray,serve,docs
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint docs docs-serve bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -37,11 +37,21 @@ test: install
 	MOEFLEET_CACHE_DIR=$(TEST_CACHE) MOEFLEET_REQUIRE_ZOO=minilm-moe-e8 $(PY) -m pytest -q tests
 
 lint: install
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks docs
 	$(VENV)/bin/mypy src
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# The docs site (MkDocs + Material) into site/; docs-serve rebuilds on change and serves
+# it on loopback only.
+DOCS_PORT ?= 8000
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 bench: install
 	$(PY) benchmarks/trace_overhead.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

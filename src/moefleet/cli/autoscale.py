@@ -262,23 +262,25 @@ def eval_cmd(
         if as_json:
             emit_json(res)
             return
-        from rich.table import Table
+        from moefleet.report.tables import Col, fit_table, sig3
 
         for p, rows in res["results"].items():
             gpu = " (GPU emulated)" if space.has_gpu else ""
-            t = Table(title=f"{p}: cost and P95 (SLO {sc.slo_s:g} s){gpu}")
-            cols = ["controller", "cost $", "P95 / SLO", "intervals in SLO", "decide ms"]
-            for col in cols + (["pod-s on GPU (seg / exp)"] if space.has_gpu else []):
-                t.add_column(col)
+            cols = [Col("controller", numeric=False), Col("cost (USD)"), Col("P95 / SLO"),
+                    Col("intervals in SLO (%)", drop=2), Col("decision (ms)", drop=1)]
+            if space.has_gpu:
+                cols.append(Col("pod-s on GPU (seg / exp)", numeric=False, drop=3))
+            table_rows = []
             for name, r in rows.items():
-                cells = [name, f"{r['cost_usd']:.4f}", f"{r['p95_over_slo']:.2f}",
-                         f"{100 * r['intervals_within_slo']:.0f}%",
-                         f"{1e3 * r['decision_latency_s']:.2f}"]
+                cells = [name, sig3(r["cost_usd"]), sig3(r["p95_over_slo"]),
+                         sig3(100 * r["intervals_within_slo"]),
+                         sig3(1e3 * r["decision_latency_s"])]
                 if space.has_gpu:
                     cells.append(" / ".join(_gpu_share_text(r["pod_s_by_gpu_share"].get(k, {}))
                                             for k in ("segment", "expert")))
-                t.add_row(*cells)
-            out_console(is_stdout(out)).print(t)
+                table_rows.append(cells)
+            out_console(is_stdout(out)).print(
+                fit_table(f"{p}: cost and P95 (SLO {sc.slo_s:g} s){gpu}", cols, table_rows))
 
 
 @app.command("convert-checkpoint")

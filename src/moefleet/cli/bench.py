@@ -87,15 +87,17 @@ def bench_serve_cmd(
 
 
 def _table(m: dict[str, Any], console: Console) -> None:
-    from rich.table import Table
+    from moefleet.report.tables import Col, fit_table, sig3
 
-    t = Table("metric", "mean", "p50", "p90", "p99")
-    for key, label in (("ttft_s", "TTFT (ms)"), ("tpot_s", "TPOT (ms)"),
-                       ("itl_s", "ITL (ms)"), ("e2e_s", "e2e (ms)")):
+    rows = []
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"),
+                       ("e2e_s", "e2e")):
         row = m[key]
-        t.add_row(label, *("-" if row[q] is None else f"{row[q] * 1e3:.1f}"
-                           for q in ("mean", "p50", "p90", "p99")))
-    console.print(t)
+        rows.append([label, *(sig3(None if row[q] is None else row[q] * 1e3)
+                              for q in ("mean", "p50", "p90", "p99"))])
+    cols = [Col("metric (ms)", numeric=False), Col("mean"), Col("p50"), Col("p90"),
+            Col("p99")]
+    console.print(fit_table(None, cols, rows, width=console.width))
     rate = m["slo_violation_rate"]
     console.print(
         f"{m['completed']}/{m['requests']} completed in {m['wall_s']:.1f} s: "

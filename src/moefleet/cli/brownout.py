@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from moefleet.cli.common import emit_json, out_console, progress, user_errors
+from moefleet.report.tables import Col, fit_table, sig3
 
 app = typer.Typer(help="BrownoutServe: united experts and brownout routing.",
                   no_args_is_help=True)
@@ -78,15 +78,10 @@ def distill_cmd(
         emit_json({"model": model, "grouping": grouping, "reports": reports})
         return
     con = out_console(False)
+    cols = [Col("layer"), Col("groups"), Col("rel. error (average init)"),
+            Col("rel. error (distilled)")]
     for rep in reports:
-        t = Table(title=f"{model}: {rep['ways']}-way united experts ({rep['grouping']} grouping)")
-        for col in ("layer", "groups", "rel. error (average init)", "rel. error (distilled)"):
-            t.add_column(col)
-        for lay in rep["layers"]:
-            t.add_row(str(lay["layer"]), str(len(lay["groups"])), _fmt(lay["rel_err_init"]),
-                      _fmt(lay["rel_err"]))
-        con.print(t)
-
-
-def _fmt(v: float | None) -> str:
-    return "-" if v is None else f"{v:.3f}"
+        rows = [[str(lay["layer"]), str(len(lay["groups"])), sig3(lay["rel_err_init"]),
+                 sig3(lay["rel_err"])] for lay in rep["layers"]]
+        con.print(fit_table(f"{model}: {rep['ways']}-way united experts "
+                            f"({rep['grouping']} grouping)", cols, rows, width=con.width))

@@ -118,7 +118,8 @@ def show_cmd(
         emit_json(data)
         return
     t = Table(title=f"platform {spec.name}", show_header=True)
-    t.add_column("field", style="bold")
+    # Long keys (network.function_bandwidth_bytes_per_s) fold instead of being cut.
+    t.add_column("field", style="bold", overflow="fold")
     t.add_column("value", overflow="fold")
     for key, value in _flatten(data):
         t.add_row(key, value)

@@ -76,19 +76,17 @@ def summarize(profile: Any, out: Path, png: Path | None) -> dict[str, Any]:
 
 
 def _table(summary: dict[str, Any]) -> Table:
-    t = Table(title=f"compute profile of {summary['model']} (1 thread unless noted)")
-    for col in ("function", "params", "overhead µs", "per token µs", "speed-up @2",
-                "R² batch", "R² threads"):
-        t.add_column(col, justify="left" if col == "function" else "right")
+    from moefleet.report.tables import Col, fit_table, sig3
 
-    def r2(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:.3f}"
-
-    for r in summary["functions"]:
-        t.add_row(r["function"], f"{r['param_bytes'] / 1e6:.2f} MB",
-                  f"{r['overhead_s'] * 1e6:.1f}", f"{r['per_token_s'] * 1e6:.3f}",
-                  f"{r['speedup_at_2']:.2f}×", r2(r["batch_r2"]), r2(r["threads_r2"]))
-    return t
+    cols = [Col("function", numeric=False), Col("params (MB)"), Col("overhead (µs)"),
+            Col("per token (µs)"), Col("speed-up at 2 threads (×)", drop=1),
+            Col("R² batch", drop=3), Col("R² threads", drop=2)]
+    rows = [[r["function"], sig3(r["param_bytes"] / 1e6), sig3(r["overhead_s"] * 1e6),
+             sig3(r["per_token_s"] * 1e6), sig3(r["speedup_at_2"]),
+             sig3(r["batch_r2"], none="n/a"), sig3(r["threads_r2"], none="n/a")]
+            for r in summary["functions"]]
+    return fit_table(f"compute profile of {summary['model']} (1 thread unless noted)", cols,
+                     rows)
 
 
 def profile_compute_cmd(

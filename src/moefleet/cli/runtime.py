@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from moefleet import limits as L
 from moefleet.cli.common import check_outputs, emit_json, out_console, progress, user_errors
@@ -273,14 +272,16 @@ def _print_summary(s: dict[str, Any]) -> None:
         _print_remoe(s)
         return
     con = out_console(False)
-    table = Table(title=f"{s['model']} on {s['platform']} ({s['backend']} backend)")
-    for col in ("layer", "method", "β", "MoE latency ms", "invocations", "cold", "cost USD"):
-        table.add_column(col, justify="right")
-    for row in s["layers"]:
-        table.add_row(str(row["layer"]), row["method"], str(row["beta"]),
-                      f"{row.get('moe_latency_s', 0.0) * 1e3:.1f}", str(row["invocations"]),
-                      str(row["cold_starts"]), f"{row['cost_usd']:.3g}")
-    con.print(table)
+    from moefleet.report.tables import Col, fit_table, sig3
+
+    cols = [Col("layer"), Col("method", numeric=False), Col("β", drop=1),
+            Col("MoE latency (ms)"), Col("invocations", drop=2), Col("cold starts", drop=3),
+            Col("cost (USD)")]
+    rows = [[str(row["layer"]), row["method"], str(row["beta"]),
+             sig3(row.get("moe_latency_s", 0.0) * 1e3), str(row["invocations"]),
+             str(row["cold_starts"]), sig3(row["cost_usd"])] for row in s["layers"]]
+    con.print(fit_table(f"{s['model']} on {s['platform']} ({s['backend']} backend)", cols,
+                        rows, width=con.width))
     cost = s["cost_usd"]
     diff = s.get("max_abs_diff")
     con.print(

@@ -220,24 +220,17 @@ def evaluate(predictors: Mapping[str, ExpertPredictor], train_trace: Trace | Non
 
 def results_table(results: Mapping[str, Mapping[str, Any]], title: str = "") -> Any:
     """A rich Table of ``{test name: evaluate(...) result}``."""
-    from rich.table import Table
+    from moefleet.report.tables import Col, fit_table, sig3
 
-    table = Table(title=title or None)
-    for col in ("test", "predictor", "abs diff", "ratio", "rel", "JS", "top-K hit", "fit s"):
-        left = col in ("test", "predictor")
-        # Names wrap instead of being cut to "wikitex…" on narrow terminals.
-        table.add_column(col, justify="left" if left else "right",
-                         overflow="fold" if left else "ellipsis", no_wrap=not left)
-    for test, res in results.items():
-        for name, r in res["predictors"].items():
-            ratio = r.get("ratio")
-            table.add_row(
-                test, name, f"{r['abs_diff']:.2f}", "-" if ratio is None else f"{ratio:.3f}",
-                f"{r['abs_diff_rel']:.3f}", f"{r['js']:.4f}",
-                "-" if r["hit_rate"] is None else f"{r['hit_rate']:.3f}",
-                "-" if r["fit_s"] is None else f"{r['fit_s']:.2f}",
-            )
-    return table
+    # Names fold onto more lines and numbers stay whole on narrow terminals; the fit
+    # time goes first, then the top-K hit rate (the JSON keeps both).
+    cols = [Col("test", numeric=False), Col("predictor", numeric=False),
+            Col("abs diff (tokens)"), Col("ratio vs lina"), Col("rel"), Col("JS"),
+            Col("top-K hit", drop=1), Col("fit (s)", drop=2)]
+    rows = [[test, name, sig3(r["abs_diff"]), sig3(r.get("ratio")), sig3(r["abs_diff_rel"]),
+             sig3(r["js"]), sig3(r["hit_rate"]), sig3(r["fit_s"])]
+            for test, res in results.items() for name, r in res["predictors"].items()]
+    return fit_table(title or None, cols, rows)
 
 
 def plot_results(results: Mapping[str, Mapping[str, Any]], path: str | Path,

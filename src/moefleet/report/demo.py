@@ -14,6 +14,8 @@ from typing import Any
 
 from rich.table import Table
 
+from moefleet.report.tables import Col, fit_table, sig3
+
 ORDER = ("bo", "oracle", "unadjusted", "lambdaml", "cpu_cluster")
 LABELS = {"bo": "BO + ODS", "oracle": "oracle", "unadjusted": "unadjusted",
           "lambdaml": "LambdaML", "cpu_cluster": "CPU cluster"}
@@ -25,23 +27,26 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def demo_table(report: dict[str, Any]) -> Table:
+    """Costs in USD to 3 significant digits; on a narrow terminal latency, throughput
+    and the run/model ratio are left out (``--json`` has them)."""
     oracle = report["plans"]["oracle"]["cost_usd"]
-    t = Table(title=f"{report['model']} on {report['platform']}: "
-                    f"{report['workload']['tokens']:,} tokens of {report['workload']['dataset']}"
-                    f", SLO {report['slo_s']:.2f} s")
-    for col in ("plan", "MoE $ model", "×oracle", "lat. s", "SLO", "MoE $ run",
-                "run/model", "tok/s run"):
-        t.add_column(col, justify="right" if col != "plan" else "left")
+    cols = [Col("plan", numeric=False), Col("MoE cost, model (USD)"), Col("× oracle"),
+            Col("latency (s)", drop=2), Col("SLO"), Col("MoE bill, run (USD)"),
+            Col("run / model", drop=1), Col("tokens/s, run", drop=3)]
+    rows = []
     for key, row in _rows(report):
         cost = row["moe_prorated_usd"] if key == "cpu_cluster" else row["cost_usd"]
         m = row.get("measured") or {}
         ran = bool(m) and "error" not in m
-        t.add_row(LABELS[key], f"{cost:.3e}", f"{cost / oracle:.2f}", f"{row['latency_s']:.2f}",
-                  "yes" if row["slo_met"] else "NO",
-                  f"{m['moe_cost_usd']:.3e}" if ran else ("failed" if m else "-"),
-                  f"{m['moe_cost_usd'] / cost:.2f}" if ran else "-",
-                  f"{m['throughput_tokens_per_s']:.0f}" if ran else "-")
-    return t
+        rows.append([LABELS[key], sig3(cost), sig3(cost / oracle), sig3(row["latency_s"]),
+                     "met" if row["slo_met"] else "NO",
+                     sig3(m["moe_cost_usd"]) if ran else ("failed" if m else "-"),
+                     sig3(m["moe_cost_usd"] / cost) if ran else "-",
+                     sig3(m["throughput_tokens_per_s"]) if ran else "-"])
+    title = (f"{report['model']} on {report['platform']}: "
+             f"{report['workload']['tokens']:,} tokens of {report['workload']['dataset']}, "
+             f"SLO {sig3(report['slo_s'])} s")
+    return fit_table(title, cols, rows)
 
 
 def demo_png(report: dict[str, Any], path: str | Path) -> Path:
