@@ -47,6 +47,7 @@ from moefleet.runtime.deploy import Deployment
 from moefleet.runtime.errors import GatherError, PayloadTooLargeError
 from moefleet.runtime.messages import encode
 from moefleet.runtime.payload import pack, resolve, unpack
+from moefleet.runtime.replies import failed_attempts
 
 Attribution = tuple[InvocationRecord, dict[str, float]]
 ANONYMOUS = "-"
@@ -146,7 +147,14 @@ class RemoteExperts(ExpertStack):
         return {str(n): float(c) / total for n, c in zip(names, counts, strict=True)}
 
     def _invoke(self, fn: str, body: bytes, shares_by_owner: dict[str, float]) -> bytes:
-        res = self.invoker.invoke(fn, body)
+        # failed attempts the backend retried (billed, as on a platform) are the owners'
+        # too, whether the call then succeeded or gave up
+        with failed_attempts() as failed:
+            try:
+                res = self.invoker.invoke(fn, body)
+            finally:
+                with self._lock:
+                    self._records.extend((r, shares_by_owner) for r in failed)
         with self._lock:
             self._records.append((res.record, shares_by_owner))
         return res.payload

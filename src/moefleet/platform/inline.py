@@ -7,8 +7,9 @@ JSON event) can carry less: ``(limit - envelope) * 3 // 4`` bytes of packet. Pla
 that passes eq. 12f runs inline on every backend.
 
 Direct-method packets (remote dispatch, :mod:`moefleet.experts.remote`): per token the
-request carries its activations (``D_in``) plus its gate weight (one fp32); the packet adds a safetensors
-header with per-request metadata, bounded here by ``PACKET_ENVELOPE_BYTES``.
+request carries its activations (``D_in``) plus its gate weight (one fp32); the packet
+adds a safetensors header with per-request metadata, bounded here by
+``PACKET_ENVELOPE_BYTES``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ reply header) or of an attempt that never replied (billed, ``failed=True``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from moefleet.platform import InvocationRecord
@@ -46,11 +48,34 @@ def reply_record(spec: FunctionSpec, reply: Mapping[str, Any], *, request_id: st
         bytes_out=bytes_out, storage_puts=reply["puts"], storage_gets=reply["gets"])
 
 
+_collecting = threading.local()
+
+
+@contextlib.contextmanager
+def failed_attempts() -> Iterator[list[InvocationRecord]]:
+    """Collect the failed attempts billed while this thread invokes inside the block (a
+    backend retries a crashed or timed-out attempt before it returns or raises): the
+    caller attributes them to whoever the call was for, as the successful record."""
+    stack: list[list[InvocationRecord]] = getattr(_collecting, "stack", [])
+    _collecting.stack = stack
+    mine: list[InvocationRecord] = []
+    stack.append(mine)
+    try:
+        yield mine
+    finally:
+        stack.pop()
+
+
 def failed_record(spec: FunctionSpec, start_s: float, end_s: float, request_id: str | None,
                   bytes_in: int) -> InvocationRecord:
-    """The billed record of an attempt that crashed or timed out (``failed=True``)."""
-    return InvocationRecord(
+    """The billed record of an attempt that crashed or timed out (``failed=True``); also
+    handed to the innermost :func:`failed_attempts` block of this thread, if any."""
+    record = InvocationRecord(
         function=spec.name, kind=spec.kind, memory_mb=spec.memory_mb, start_s=start_s,
         end_s=max(end_s, start_s), layer=spec.layer, expert=spec.expert,
         request_id=request_id, vcpus=spec.vcpus, gpu_share=spec.gpu_share, bytes_in=bytes_in,
         failed=True)
+    stack = getattr(_collecting, "stack", None)
+    if stack:
+        stack[-1].append(record)
+    return record

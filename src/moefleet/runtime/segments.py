@@ -53,6 +53,7 @@ from moefleet.runtime.deploy import Deployment
 from moefleet.runtime.errors import FunctionError, GatherError
 from moefleet.runtime.messages import encode
 from moefleet.runtime.payload import Packet, pack_spilling, resolve, unpack
+from moefleet.runtime.replies import failed_attempts
 
 Attribution = tuple[InvocationRecord, dict[str, float]]
 UNBOUNDED_BLOCKS = 1 << 30  # no KV cache: the scheduler's block count never binds
@@ -194,7 +195,12 @@ class SegmentRunner:
         t0 = time.perf_counter()
         body = pack_spilling(tensors, meta, refs, max_bytes=self.backend.max_inline_bytes,
                              store=self.store, prefix=spill_prefix)
-        res = self.backend.invoke(fn, body)
+        with failed_attempts() as failed:  # retried attempts are billed: the step's too
+            try:
+                res = self.backend.invoke(fn, body)
+            finally:
+                with self._lock:
+                    self._records.extend((r, shares) for r in failed)
         with self._lock:
             self._records.append((res.record, shares))
         return unpack(res.payload), time.perf_counter() - t0
