@@ -158,12 +158,18 @@ def test_serve_cli_with_a_remoe_plan_answers_over_http_and_tears_down(
 
     monkeypatch.setattr(uvicorn, "run", serve_once)
     store = tmp_path / "store"
+    # systems combine: Remoe's split, a brownout guard (threshold 1: exact) and injected
+    # throttles at the backend (retried: exact), all through one engine
     r = CliRunner().invoke(cli, ["serve", "--model", model, "--plan", str(plan), "--backend",
                                  "local", "--workers", "1", "--store", str(store),
-                                 "--served-name", MODEL, "--port", "0"])
+                                 "--served-name", MODEL, "--port", "0",
+                                 "--brownout", "ways=2,threshold=1,mode=full",
+                                 "--inject-faults", "throttle:0.2:3"])
     assert r.exit_code == 0, r.output
     out = " ".join(r.output.split())  # rich wraps lines at the terminal's width
     assert "this process is the main function" in out and "GPU emulated" in out
+    assert "brownout: 2-way united experts, full, threshold 1" in out
+    assert "faults: throttle at 20% of calls, at the backend (emulated)" in out
     assert "deployment torn down" in out
     assert not [p for p in store.rglob("*") if p.is_file()]
     got = seen["got"]
