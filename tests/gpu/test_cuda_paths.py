@@ -15,10 +15,10 @@ import torch
 
 from moefleet.brownout.groups import Grouping, index_groups
 from moefleet.brownout.united import UnitedExperts
-from moefleet.engine import Engine, InProcessRunner, SamplingParams
+from moefleet.engine import Engine, SamplingParams
 from moefleet.experts.brownout import BrownoutExperts
 from moefleet.experts.kernels import in_process_experts
-from moefleet.experts.split import held_experts, split_experts
+from moefleet.experts.split import SplitExperts, held_experts
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import small_mixtral, tiny_model
 from moefleet.runtime.main_model import place_non_experts
@@ -118,8 +118,8 @@ def test_remoe_split_layer_loop_on_cuda_with_experts_on_the_cpu() -> None:
         seen.append(x_ND.device)
         return inner(layer, x_ND, ids_NK, w_NK)
 
-    split = split_experts(inner, remote, is_local, expert_device="cpu")
-    got = _tokens(Engine(InProcessRunner(adapter, experts=split)))
+    split = SplitExperts(inner, remote, is_local, expert_device="cpu")
+    got = _tokens(build_engine(adapter, experts=split))
     assert adapter.device.type == "cuda"
     assert seen and {d.type for d in seen} == {"cpu"}
     assert got == want

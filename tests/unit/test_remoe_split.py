@@ -1,11 +1,11 @@
-"""split_experts: local and remote halves of a layer, each seeing only its own slots."""
+"""SplitExperts (Remoe): local and remote halves of a layer, each seeing only its own slots."""
 
 from __future__ import annotations
 
 import torch
 
 from moefleet.experts.kernels import in_process_experts
-from moefleet.experts.split import SKIP, held_experts, mask_ids, split_experts
+from moefleet.experts.split import SKIP, SplitExperts, held_experts, mask_ids
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
 
@@ -35,8 +35,8 @@ def test_split_equals_all_local_and_never_crosses_sides() -> None:
 
     keep = torch.zeros(adapter.num_experts(layer), dtype=torch.bool)
     keep[sorted(local_set)] = True
-    split = split_experts(spy("local", held_experts(held)), spy("remote", remote),
-                          {layer: keep})
+    split = SplitExperts(spy("local", held_experts(held)), spy("remote", remote),
+                         {layer: keep})
     g = torch.Generator().manual_seed(0)
     x = torch.randn(12, adapter.hidden_size, generator=g)
     ids = torch.randint(0, adapter.num_experts(layer), (12, 2), generator=g)
