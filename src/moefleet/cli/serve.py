@@ -11,11 +11,15 @@ from moefleet.cli.common import err_console, user_errors
 from moefleet.cli.deployment import (
     BackendOpt,
     BrownoutOpt,
+    DtypeOpt,
     FaultsOpt,
+    GpuUtilOpt,
     KernelOpt,
+    KVMemoryOpt,
     PlanOpt,
     StoreOpt,
     WorkersOpt,
+    load_model,
     open_cli_engine,
     parse,
 )
@@ -53,6 +57,9 @@ def serve_cmd(
     workers: WorkersOpt = None,
     brownout: BrownoutOpt = None,
     kernel: KernelOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    kv_cache_memory: KVMemoryOpt = None,
+    gpu_memory_utilization: GpuUtilOpt = 0.9,
     step_timeout: Annotated[float, typer.Option(
         help="watchdog: a model step running longer than this makes /health and the "
              "requests waiting on it answer 503 (seconds)")] = 120.0,
@@ -86,7 +93,9 @@ def serve_cmd(
                                 f"{step_timeout}", "e.g. --step-timeout 120")
         args = parse(plan=plan, backend=backend, store=store, workers=workers,
                      brownout=brownout, inject_faults=inject_faults, device=device,
-                     kernel=kernel, max_num_seqs=max_num_seqs)  # before the model loads
+                     kernel=kernel, max_num_seqs=max_num_seqs, dtype=dtype,
+                     kv_cache_memory=kv_cache_memory,
+                     gpu_memory_utilization=gpu_memory_utilization)  # before the model loads
         if args.brownout is not None and args.brownout.controlled:
             slo_ttft = slo_ttft if slo_ttft is not None else args.brownout.slo_ttft_s
             slo_tpot = slo_tpot if slo_tpot is not None else args.brownout.slo_tpot_s
@@ -95,9 +104,7 @@ def serve_cmd(
         from moefleet.platform import load_platform
 
         load_platform(platform)  # a bad --platform fails before the model loads, too
-        from moefleet.models.registry import load_adapter
-
-        adapter = load_adapter(model)
+        adapter = load_model(model, args)
         name = served_name or (adapter.name if os.path.isdir(os.path.expanduser(model))
                                else model)
         app_kw = {"model_name": name, "api_key": key, "max_waiting": max_waiting,
@@ -111,6 +118,9 @@ def serve_cmd(
                 served = True
                 for note in opened.notes:
                     err_console.print(f"note: {note}", highlight=False)
+                kv = getattr(opened.runner, "kv_capacity", None)
+                if kv is not None:
+                    err_console.print(kv.describe(), highlight=False)
                 err_console.print(_banner(args, opened, name, host, port, key), highlight=False)
                 uvicorn.run(app, host=host, port=port, log_level="warning")
         finally:  # uvicorn re-raises SIGTERM/SIGINT after its shutdown; the with-block ran

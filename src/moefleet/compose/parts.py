@@ -38,6 +38,12 @@ class PlanModelError(MoefleetError):
     """The plan was made for a different model than the one being served."""
 
 
+def runner_sizes(options: EngineOptions) -> dict[str, Any]:
+    """What an in-process runner needs from the options to size its KV cache."""
+    return {"gpu_memory_utilization": options.gpu_memory_utilization,
+            "max_num_batched_tokens": options.max_num_batched_tokens}
+
+
 def move_model(adapter: MoEModelAdapter, device: str) -> torch.device:
     """Put ``adapter``'s model on ``device`` (``auto``: CUDA where torch sees a GPU)."""
     dev = resolve_device(device)
@@ -203,7 +209,8 @@ def _expert_parts(adapter: MoEModelAdapter, dep: Deployment, fb: FunctionBackend
                                  kv_budget_bytes=options.kv_budget_bytes,
                                  block_size=options.block_size,
                                  max_num_seqs=options.max_num_seqs,
-                                 max_model_len=options.max_model_len)
+                                 max_model_len=options.max_model_len,
+                             **runner_sizes(options))
     biller = InvocationBiller(sources, spec, audit=audit)
     return DeployedParts(runner, pieces, biller, dep, fb, str(device), notes)
 
@@ -229,7 +236,8 @@ def _main_parts(adapter: MoEModelAdapter, dep: Deployment, fb: FunctionBackend,
                      faults=at_seam, retry=stack.retry, wrap=stack.wrap)
     runner = InProcessRunner(main.adapter, experts=pieces, kv_budget_bytes=kv_bytes,
                              block_size=options.block_size, max_num_seqs=options.max_num_seqs,
-                             max_model_len=options.max_model_len)
+                             max_model_len=options.max_model_len,
+                             **runner_sizes(options))
     if main.gpu == GPU_EMULATED:
         notes.append("GPU emulated: the main function's GPU price applied to CPU time")
     biller = InvocationBiller([rx], spec, audit=audit,

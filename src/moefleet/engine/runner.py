@@ -17,6 +17,7 @@ Shape legend: B rows, V vocabulary, T tokens of a row.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,11 +25,14 @@ from typing import Protocol
 
 import torch
 
+from moefleet.engine import kv_sizing
 from moefleet.engine.request import EngineError
 from moefleet.engine.scheduler import SchedulerOutput
 from moefleet.models.base import MoEModelAdapter
 from moefleet.models.kv import KVCache
 from moefleet.models.step import StepInput
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -82,13 +86,16 @@ class ModelRunner(Protocol):
 
 class InProcessRunner:
     """Runs ``adapter.forward_step`` in this process; experts through ``experts`` (the
-    expert stack the composition root built). The cache takes ``kv_budget_bytes``
-    (default: room for ``max_num_seqs`` full-length sequences, at most 2 GiB)."""
+    expert stack the composition root built). The cache is sized by
+    :mod:`moefleet.engine.kv_sizing` (``kv_budget_bytes`` given; else from GPU memory with
+    ``gpu_memory_utilization``; else the CPU default) and logs its capacity
+    (``kv_capacity``). The cache owns the block accounting; the scheduler is told its size."""
 
     def __init__(self, adapter: MoEModelAdapter, *, experts: StepExperts,
                  kv_budget_bytes: int | None = None,
                  block_size: int = 16, max_num_seqs: int = 64,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.9,
+                 max_num_batched_tokens: int = 2048) -> None:
         if not adapter.causal:
             raise EngineError(
                 f"{adapter.name} ({adapter.family}) is an encoder: it cannot generate",
@@ -99,12 +106,19 @@ class InProcessRunner:
                               "max_position_embeddings", 2048) or 2048)
         self.max_model_len = min(max_model_len or context, context)
         layout = adapter.kv_layout()
-        if kv_budget_bytes is None:
-            kv_budget_bytes = min(2 << 30,
-                                  max_num_seqs * self.max_model_len * layout.bytes_per_token)
-        self.cache = KVCache.from_budget(layout, kv_budget_bytes, block_size, adapter.device)
+        budget, source = kv_sizing.budget_bytes(
+            adapter, layout.bytes_per_token, given=kv_budget_bytes,
+            gpu_memory_utilization=kv_sizing.check_fraction(gpu_memory_utilization),
+            max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens, experts=experts)
+        self.cache = KVCache.from_budget(layout, budget, block_size, adapter.device)
         self.num_cache_blocks = self.cache.num_blocks
         self.block_size = block_size
+        self.kv_capacity = kv_sizing.KVCapacity(self.cache.num_blocks, block_size,
+                                                layout.bytes_per_token, source)
+        self.max_model_len = kv_sizing.check_fits(self.kv_capacity, self.max_model_len,
+                                                  explicit=max_model_len is not None)
+        _log.info("%s; %s", self.kv_capacity.describe(), str(layout.dtype))
 
     @property
     def vocab_size(self) -> int:

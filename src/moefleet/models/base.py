@@ -71,6 +71,8 @@ class MoEModelAdapter(ABC):
     model: nn.Module
     tokenizer: Any | None
     causal: bool
+    # labels every output built on this model must carry ("random weights: ...")
+    notes: tuple[str, ...] = ()
 
     # -- structure -------------------------------------------------------------------
     @property
