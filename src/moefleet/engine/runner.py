@@ -165,6 +165,22 @@ class InProcessRunner:
                     prompt[r.seq_id] = res.all_logits[i]  # type: ignore[assignment]
             for layer, c in res.expert_counts.items():
                 counts[layer] = counts[layer] + c if layer in counts else c
+        counts = _read_counts(counts)
         sample_ids = [r.seq_id for r in rows if r.sample]
         logits = torch.stack([last[s] for s in sample_ids]) if sample_ids else None
         return RunnerOutput(sample_ids, logits, prompt, counts, forward_s)
+
+
+def _read_counts(counts: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """Every layer's per-expert counts on the host with one read (the step's statistics);
+    the layers left them on the device so that none of them waited for the device."""
+    if not counts:
+        return counts
+    layers = list(counts)
+    flat = torch.cat([counts[layer].reshape(-1) for layer in layers]).cpu()
+    out, start = {}, 0
+    for layer in layers:
+        n = counts[layer].numel()
+        out[layer] = flat[start:start + n]
+        start += n
+    return out

@@ -37,6 +37,9 @@ class Sampler:
     @torch.no_grad()
     def sample(self, logits_BV: torch.Tensor, seq_ids: list[int],
                params: list[SamplingParams]) -> tuple[list[int], list[TokenLogprob | None]]:
+        if all(p.greedy and p.logprobs is None for p in params):
+            # the step's one read of the tokens: argmax where the logits are
+            return logits_BV.argmax(dim=-1).tolist(), [None] * len(params)
         logits_BV = logits_BV.float().cpu()
         if all(p.greedy for p in params):
             tokens = logits_BV.argmax(dim=-1).tolist()

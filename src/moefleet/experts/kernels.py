@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 
 from moefleet.errors import MoefleetError
-from moefleet.models.base import ExpertFn, MoEModelAdapter
+from moefleet.models.base import ExpertFn, MoEModelAdapter, count_experts
 
 Kernel = Literal["auto", "loop", "stacked", "fused"]
 KERNELS: tuple[Kernel, ...] = ("auto", "loop", "stacked", "fused")
@@ -104,7 +104,7 @@ def fused_experts(x_ND: torch.Tensor, ids_NK: torch.Tensor, w_NK: torch.Tensor,
     E = gate_up_E2FD.shape[0]
     flat_P = ids_NK.reshape(-1)
     order_P = torch.argsort(flat_P, stable=True)  # marked pairs (>= E) sort last
-    ends_E = torch.cumsum(torch.bincount(flat_P.clamp(max=E), minlength=E + 1)[:E], 0)
+    ends_E = torch.cumsum(count_experts(ids_NK, E), 0)
     token_P = order_P // K
     xs_PD = x_ND[token_P]
     gate_PF, up_PF = _grouped(xs_PD, gate_up_E2FD, ends_E).chunk(2, dim=-1)
@@ -118,10 +118,12 @@ def fused_experts(x_ND: torch.Tensor, ids_NK: torch.Tensor, w_NK: torch.Tensor,
 
 def _grouped(a_PI: torch.Tensor, w_EOI: torch.Tensor, ends_E: torch.Tensor) -> torch.Tensor:
     """Rows of segment e (ending at ``ends_E[e]``) times ``w_EOI[e]``^T: ``[P, O]``."""
-    if _HAS_GROUPED_MM:
-        return torch._grouped_mm(a_PI, w_EOI.transpose(1, 2), offs=ends_E.to(torch.int32))
-    # Reference path where torch has no grouped GEMM: one matmul per segment (reads the
-    # segment ends on the host once). Same interface and result.
+    w_EIO = w_EOI.transpose(1, 2)
+    if _HAS_GROUPED_MM and _aligned(a_PI) and _aligned(w_EIO):
+        return torch._grouped_mm(a_PI, w_EIO, offs=ends_E.to(torch.int32))
+    # Reference path where torch has no grouped GEMM, or the shapes break its 16-byte
+    # stride rule (toy widths): one matmul per segment (reads the segment ends on the
+    # host once). Same interface and result.
     out = a_PI.new_zeros(a_PI.shape[0], w_EOI.shape[1])
     start = 0
     for e, end in enumerate(ends_E.tolist()):
@@ -129,6 +131,13 @@ def _grouped(a_PI: torch.Tensor, w_EOI: torch.Tensor, ends_E: torch.Tensor) -> t
             out[start:end] = a_PI[start:end] @ w_EOI[e].T
         start = end
     return out
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """``torch._grouped_mm``'s rule: every non-unit stride a multiple of 16 bytes."""
+    size = t.element_size()
+    return all(s == 1 or (s * size) % 16 == 0 for s in t.stride()) \
+        and t.data_ptr() % 16 == 0
 
 
 _HAS_GROUPED_MM = hasattr(torch, "_grouped_mm")

@@ -50,6 +50,13 @@ class ExpertStack:
                  w_NK: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    @property
+    def skips_marked_pairs(self) -> bool:
+        """Whether this piece computes nothing for pairs whose expert id is ``>= E`` (and
+        adds 0 for them): then a caller may mark pairs instead of selecting rows, which
+        would read their count on the host (``experts.kernels``'s fused kernel does)."""
+        return False
+
     def set_owners(self, owners_N: Sequence[str] | None) -> None:
         """Owner of each token row of the following calls (None: one anonymous owner)."""
         for inner in self.inners:
@@ -72,6 +79,12 @@ class InProcess(ExpertStack):
 
     def __init__(self, fn: ExpertFn, name: str = "in-process") -> None:
         self.fn, self.name = fn, name
+
+    @property
+    def skips_marked_pairs(self) -> bool:
+        from moefleet.experts.kernels import SKIPS_MARKED_PAIRS
+
+        return bool(getattr(self.fn, SKIPS_MARKED_PAIRS, False))
 
     def __call__(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
                  w_NK: torch.Tensor) -> torch.Tensor:

@@ -221,7 +221,7 @@ class MoEModelAdapter(ABC):
                     f"{self.name} ({self.family}) is an encoder: it attends both ways, so "
                     "nothing can be cached between steps", "run it with cache=None")
             view = cache.view(step.seq_ids, step.lengths)
-            view.set_valid(step.valid_BT)
+            view.set_valid(step.valid_BT, step.valid_index())
         h_BTD, ctx = self.begin_step(step, view)
         counts: dict[int, torch.Tensor] = {}
         out = self._layers(step, h_BTD, ctx, experts, counts)
@@ -248,16 +248,18 @@ class MoEModelAdapter(ABC):
             counts: dict[int, torch.Tensor]) -> torch.Tensor:
         """The routed-expert part of MoE block ``layer``: route the step's real tokens, call
         ``experts`` on them and return their combined output ``[B, T, D]`` (0 at padding).
-        Records the per-expert token counts of the layer in ``counts[layer]``."""
-        valid_N = step.valid_BT.reshape(-1)
+        Records the per-expert token counts of the layer in ``counts[layer]`` (a device
+        tensor). No host read: the step's valid rows come from its host lengths."""
         x_ND = x_BTD.reshape(-1, x_BTD.shape[-1])
-        all_valid = bool(valid_N.all())
-        xv_ND = x_ND if all_valid else x_ND[valid_N]  # padding never reaches experts
+        # which rows are real is known on the host: no mask is read back from the device
+        all_valid = step.all_valid
+        valid_N = None if all_valid else step.valid_index()
+        xv_ND = x_ND if valid_N is None else x_ND[valid_N]  # padding never reaches experts
         ids_NK, w_NK = self.route(layer, xv_ND)
-        counts[layer] = torch.bincount(ids_NK.reshape(-1),
-                                       minlength=self.num_experts(layer)).cpu()
+        # kept on the device; the runner reads every layer's counts once per step
+        counts[layer] = count_experts(ids_NK, self.num_experts(layer))
         yv_ND = experts(layer, xv_ND, ids_NK, w_NK)
-        if all_valid:
+        if valid_N is None:
             return yv_ND.reshape(x_BTD.shape)
         y_ND = torch.zeros_like(x_ND)
         y_ND[valid_N] = yv_ND.to(y_ND.dtype)
@@ -311,6 +313,16 @@ class MoEModelAdapter(ABC):
             total_param_bytes=total,
             causal=self.causal,
         )
+
+
+def count_experts(ids_NK: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Pairs per expert, ``[num_experts]`` (ids >= num_experts, marked pairs, are not
+    counted). A scatter, not ``bincount``: bincount's output size depends on the largest
+    id, which a GPU would have to send back to the host first."""
+    flat = ids_NK.reshape(-1)
+    out = torch.zeros(num_experts + 1, dtype=torch.long, device=flat.device)
+    out.scatter_add_(0, flat.clamp(max=num_experts), torch.ones_like(flat))
+    return out[:num_experts]
 
 
 def combine_experts(
