@@ -82,11 +82,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def step_weight_bytes(adapter: Any) -> int:
-    """What a decode step reads: every weight but the embedding table (only its rows)."""
-    total = adapter.summary().total_param_bytes
-    emb = adapter.model.get_input_embeddings().weight
-    return total - emb.numel() * emb.element_size()
+class StepBytes:
+    """Weight bytes a decode step of ``B`` rows reads: every non-expert weight but the
+    embedding table (only its rows), plus the experts its tokens touch, estimated with
+    uniform routing as a share ``1 - (1 - k/E)^B`` of each layer's experts (at large B
+    every expert: the issue's "a decode step reads all weights once")."""
+
+    def __init__(self, adapter: Any) -> None:
+        shape = adapter.summary()
+        emb = adapter.model.get_input_embeddings().weight
+        self.fixed = shape.non_expert_param_bytes - emb.numel() * emb.element_size()
+        self.experts = shape.expert_param_bytes
+        self.k_over_e = adapter.top_k / adapter.num_experts(adapter.moe_layers[0])
+
+    def __call__(self, rows: int) -> float:
+        return self.fixed + self.experts * (1 - (1 - self.k_over_e) ** rows)
 
 
 def peak_rss_gib() -> float:
@@ -99,10 +109,14 @@ def run_engine(adapter: Any, ids: list[list[int]], lens: list[int], a: argparse.
                                max_num_seqs=a.max_num_seqs,
                                kv_budget_bytes=a.kv_cache_bytes, max_model_len=a.max_model_len)
     eng = opened.engine
+    # warm-up (kernel selection, first calls): two short requests, untimed
+    eng.generate(ids[:2], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+    eng.stats.steps.clear()
     rids = [eng.add_request(p, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
             for p, n in zip(ids, lens, strict=True)]
     merged = {r: RequestOutput(r, [], "", False) for r in rids}
     decode_reads: list[int] = []
+    decode_rows: list[int] = []
     t0 = time.perf_counter()
     while eng.has_unfinished:
         with HostReads() as reads:
@@ -110,6 +124,7 @@ def run_engine(adapter: Any, ids: list[list[int]], lens: list[int], a: argparse.
         st = eng.stats.steps[-1]
         if st.num_tokens == st.num_rows:  # every row advanced by one token: a decode step
             decode_reads.append(reads.count)
+            decode_rows.append(st.num_rows)
         for o in outs:
             merge_into(merged[o.request_id], o)
     _sync(torch.device(a.device))
@@ -117,7 +132,7 @@ def run_engine(adapter: Any, ids: list[list[int]], lens: list[int], a: argparse.
     tokens = sum(lens)
     steps = eng.stats.steps
     info = {"wall_s": wall, "tokens_per_s": tokens / wall, "steps": len(steps),
-            "decode_steps": len(decode_reads),
+            "decode_steps": len(decode_reads), "decode_rows": decode_rows,
             "preemptions": eng.scheduler.num_preemptions,
             "host_reads_per_decode_step_max": max(decode_reads, default=None),
             "host_reads_per_decode_step_median": statistics.median(decode_reads)
@@ -149,16 +164,17 @@ def hf_generate(model: Any, batch: list[list[int]], new: int, device: str) -> li
 
 
 def run_hf(model: Any, ids: list[list[int]], lens: list[int], size: int,
-           device: str) -> tuple[list[list[int]], float, int]:
-    """Batches of ``size`` (1: one request at a time): (tokens, wall, decode steps)."""
+           device: str) -> tuple[list[list[int]], float, list[int]]:
+    """Batches of ``size`` (1: one request at a time): (tokens, wall, rows of each decode
+    step: a static batch steps every row until its longest request is done)."""
     got: list[list[int]] = []
-    steps = 0
+    steps: list[int] = []
     t0 = time.perf_counter()
     for s in range(0, len(ids), size):
         b, n = ids[s: s + size], lens[s: s + size]
         rows = hf_generate(model, b, max(n), device)
         got += [r[:k] for r, k in zip(rows, n, strict=True)]
-        steps += max(n) - 1  # the first token comes from the prefill
+        steps += [len(b)] * (max(n) - 1)  # the first token comes from the prefill
     _sync(torch.device(device))
     return got, time.perf_counter() - t0, steps
 
@@ -234,14 +250,19 @@ def main(argv: list[str] | None = None) -> int:
     ids, lens = workload(adapter.vocab_size, a.requests, a)
     tokens = sum(lens)
     bw = copy_bandwidth(dev)
-    wbytes = step_weight_bytes(adapter)
+    step_bytes = StepBytes(adapter)
     res.update({"requests": len(ids), "output_tokens": tokens, "copy_bandwidth_gbs": bw / 1e9,
-                "weight_bytes_per_step": wbytes})
+                "weight_bytes_per_step_all_experts": step_bytes.fixed + step_bytes.experts,
+                "roofline": "sum over decode steps of the weight bytes a step of its rows "
+                            "reads (uniform-routing estimate of experts touched) / copy "
+                            "bandwidth, over the run's wall time (prefill included); brownout "
+                            "reads fewer weights than that, so it may exceed 1"})
     print(f"{len(ids)} requests, {tokens} output tokens; copy {bw / 1e9:.1f} GB/s, "
-          f"{wbytes / GiB:.2f} GiB read per step", flush=True)
+          f"{(step_bytes.fixed + step_bytes.experts) / GiB:.2f} GiB of weights per full step",
+          flush=True)
 
-    def record(name: str, info: dict[str, Any], steps: int) -> None:
-        info["roofline_fraction"] = steps * wbytes / bw / info["wall_s"]
+    def record(name: str, info: dict[str, Any], rows: list[int]) -> None:
+        info["roofline_fraction"] = sum(step_bytes(b) for b in rows) / bw / info["wall_s"]
         res["runs"][name] = info
         print(f"{name}: {info['tokens_per_s']:.2f} tok/s, roofline "
               f"{info['roofline_fraction']:.1%}, host reads/decode step "
@@ -250,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     outputs: dict[str, list[list[int]]] = {}
     for kernel in ("loop", "stacked", "fused"):
         outputs[kernel], info = run_engine(adapter, ids, lens, a, StackOptions(kernel=kernel))
-        record(f"engine_{kernel}", info, info["decode_steps"])
+        record(f"engine_{kernel}", info, info.pop("decode_rows"))
     for ways, th in BROWNOUTS:
         united = averaged_united(adapter, ways)
 
@@ -259,10 +280,11 @@ def main(argv: list[str] | None = None) -> int:
 
         _, info = run_engine(adapter, ids, lens, a, StackOptions(kernel="fused", wrap=wrap))
         info["united"] = "group averages (speed only, not distilled)"
-        record(f"brownout_{ways}_{th:g}", info, info["decode_steps"])
+        record(f"brownout_{ways}_{th:g}", info, info.pop("decode_rows"))
     model = adapter.model
     model.config._experts_implementation = "grouped_mm"  # transformers' fastest experts
     model.generation_config.eos_token_id = None
+    hf_generate(model, ids[:2], 2, a.device)  # warm-up, untimed
     static, wall, steps = run_hf(model, ids, lens, a.max_num_seqs, a.device)
     record("hf_static", {"wall_s": wall, "tokens_per_s": tokens / wall,
                          "experts_implementation": "grouped_mm"}, steps)

@@ -109,3 +109,36 @@ def test_a_decode_step_reads_the_host_at_most_twice(adapter: HFMoEAdapter,
         assert st.original_pairs > 0
         assert (st.united_pairs > 0) == (brownout == "partial")
         assert (st.dropped_pairs > 0) == (brownout == "full")
+
+
+def test_parts_share_one_expert_call_and_equal_separate_steps(adapter: HFMoEAdapter) -> None:
+    from moefleet.models.kv import KVCache
+    from moefleet.models.step import StepInput
+
+    calls: list[int] = []
+    inner = in_process_experts(adapter, "fused")
+
+    def counting(layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
+                 w_NK: torch.Tensor) -> torch.Tensor:
+        calls.append(x_ND.shape[0])
+        return inner(layer, x_ND, ids_NK, w_NK)
+
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16]]
+    outs = []
+    for together in (False, True):
+        cache = KVCache(adapter.kv_layout(), num_blocks=16, block_size=4)
+        for i in range(3):
+            cache.alloc(i)
+        adapter.forward_step(StepInput.from_lists([0], [prompts[0]], [0]), cache, inner)
+        decode = StepInput.from_lists([0], [[3]], [4])
+        prefill = StepInput.from_lists([1, 2], prompts[1:], [0, 0])
+        calls.clear()
+        if together:
+            res = adapter.forward_steps([decode, prefill], cache, counting)
+        else:
+            res = [adapter.forward_step(s, cache, counting) for s in (decode, prefill)]
+        outs.append(torch.cat([r.last_logits_BV for r in res]))
+        # together: one expert call per MoE layer on all 1 + 2 + 6 real tokens
+        assert calls == ([9] * len(adapter.moe_layers) if together
+                         else [1] * len(adapter.moe_layers) + [8] * len(adapter.moe_layers))
+    assert torch.allclose(outs[0], outs[1], atol=1e-5, rtol=0)

@@ -134,37 +134,39 @@ class InProcessRunner:
         for r in rows:
             if r.seq_id not in self.cache:
                 self.cache.alloc(r.seq_id)
-        # Rows are right-padded to the step's longest, so one prefill chunk in a step of
-        # decodes would pad every decode row to the chunk's length: run single-token rows
-        # and longer rows as two forwards (same cache, same experts).
+        # Rows are right-padded to their part's longest, so one prefill chunk in a step of
+        # decodes would pad every decode row to the chunk's length: single-token rows and
+        # longer rows are two parts of one forward (attention per part, experts shared).
         parts = [[b for b, r in enumerate(rows) if len(r.token_ids) == 1],
                  [b for b, r in enumerate(rows) if len(r.token_ids) > 1]]
-        last: dict[int, torch.Tensor] = {}
-        prompt: dict[int, torch.Tensor] = {}
-        counts: dict[int, torch.Tensor] = {}
-        forward_s = 0.0
-        for part in (p for p in parts if p):
-            sub = [rows[b] for b in part]
+        subs = [[rows[b] for b in part] for part in parts if part]
+        steps = []
+        for sub in subs:
             want_all = [i for i, r in enumerate(sub) if r.prompt_logprobs]
-            step = StepInput.from_lists(
+            steps.append(StepInput.from_lists(
                 [r.seq_id for r in sub], [r.token_ids for r in sub], [r.start for r in sub],
                 logits="all" if want_all else "last", all_rows=want_all,
-                device=self.adapter.device)
-            # remote experts bill each token row's sequence: owners are sequence ids, in
-            # the order the rows reach the experts (a retried call keeps them)
-            self.experts.set_owners([str(r.seq_id) for r in sub for _ in r.token_ids])
-            t0 = time.perf_counter()
-            try:
-                res = self.adapter.forward_step(step, self.cache, self.experts)
-            except Exception as err:
-                raise StepFailedError([r.seq_id for r in rows], err) from err
-            forward_s += time.perf_counter() - t0
+                device=self.adapter.device))
+        # remote experts bill each token row's sequence: owners are sequence ids, in the
+        # order the rows reach the experts (step by step, row-major; a retried call keeps
+        # them)
+        self.experts.set_owners([str(r.seq_id) for sub in subs for r in sub
+                                 for _ in r.token_ids])
+        t0 = time.perf_counter()
+        try:
+            # one layer loop: attention per part, each MoE layer's experts once for all
+            results = self.adapter.forward_steps(steps, self.cache, self.experts)
+        except Exception as err:
+            raise StepFailedError([r.seq_id for r in rows], err) from err
+        forward_s = time.perf_counter() - t0
+        last: dict[int, torch.Tensor] = {}
+        prompt: dict[int, torch.Tensor] = {}
+        for sub, res in zip(subs, results, strict=True):
             for i, r in enumerate(sub):
                 last[r.seq_id] = res.last_logits_BV[i]
                 if res.all_logits[i] is not None:
                     prompt[r.seq_id] = res.all_logits[i]  # type: ignore[assignment]
-            for layer, c in res.expert_counts.items():
-                counts[layer] = counts[layer] + c if layer in counts else c
+        counts = results[0].expert_counts
         counts = _read_counts(counts)
         sample_ids = [r.seq_id for r in rows if r.sample]
         logits = torch.stack([last[s] for s in sample_ids]) if sample_ids else None

@@ -180,15 +180,28 @@ def _fill_from_pool(p: torch.Tensor, pool: torch.Tensor, gen: torch.Generator) -
 def load_real_shape(ref: str, *, dtype: torch.dtype | None = None,
                     device: torch.device | str = "cpu", seed: int = 0) -> Any:
     """The adapter of a real-shape reference (``dtype`` None: bfloat16, the published
-    checkpoints' dtype). The adapter's ``notes`` carry :data:`RANDOM_NOTE`."""
+    checkpoints' dtype). The adapter's ``notes`` carry :data:`RANDOM_NOTE`. Text prompts
+    are tokenised with GPT-2's BPE (offline) where the vocabulary holds its ids (every
+    shape but Mixtral's 32000: that one takes token ids only)."""
     from moefleet.models.hf import HFMoEAdapter
 
     shape, layers = parse_ref(ref)
     model = build_model(shape, layers, dtype=dtype or torch.bfloat16, device=device,
                         seed=seed)
-    adapter = HFMoEAdapter(model, None, name=ref)
+    adapter = HFMoEAdapter(model, _tokenizer(int(shape.config["vocab_size"])), name=ref)
     adapter.notes = (RANDOM_NOTE,)
     return adapter
+
+
+def _tokenizer(vocab_size: int) -> Any:
+    from moefleet.errors import MissingExtraError
+    from moefleet.models.tokenizers import gpt2_tokenizer
+
+    try:
+        tok = gpt2_tokenizer()
+    except MissingExtraError:
+        return None
+    return tok if len(tok) <= vocab_size else None
 
 
 class _quiet_transformers:

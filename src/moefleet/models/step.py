@@ -135,12 +135,31 @@ def run_layers(stack: LayerStack, step: StepInput, h: Any, ctx: Any, experts: An
     """The layer loop: ``pre_moe -> moe (MoE blocks only) -> post_moe`` for every block,
     then the head (``finish``). With ``step.logits == "last"`` the head runs only at each
     row's last real token (what sampling needs); ``h`` is then a tensor ``[B, T, D]``."""
+    return run_layers_parts(stack, [(step, h, ctx)], experts, counts)[0]
+
+
+def run_layers_parts(stack: LayerStack, parts: Sequence[tuple[StepInput, Any, Any]],
+                     experts: Any, counts: dict[int, torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`run_layers` over several steps of distinct sequences in lockstep: each block's
+    attention per step, its routed experts once for all of them (``stack.moe_parts``,
+    which a stack of several parts must have), so a step mixing decode rows and a prefill
+    chunk reads the experts' weights once, with no row padded to another's length."""
     moe = set(stack.moe_layers)
+    steps = [p[0] for p in parts]
+    hs = [p[1] for p in parts]
+    ctxs = [p[2] for p in parts]
     for layer in range(stack.num_layers):
-        residual, x = stack.pre_moe(layer, h, ctx)
-        routed = stack.moe(layer, x, step, experts, counts) if layer in moe else None
-        h = stack.post_moe(layer, residual, x, routed)
-    if step.logits == "last":
-        last_B = torch.tensor([n - 1 for n in step.lengths], device=step.valid_BT.device)
-        h = h[torch.arange(h.shape[0], device=h.device), last_B][:, None]
-    return stack.finish(h, ctx)
+        pre = [stack.pre_moe(layer, h, ctx) for h, ctx in zip(hs, ctxs, strict=True)]
+        routed: list[Any] = [None] * len(parts)
+        if layer in moe:
+            xs = [x for _, x in pre]
+            routed = ([stack.moe(layer, xs[0], steps[0], experts, counts)] if len(parts) == 1
+                      else stack.moe_parts(layer, xs, steps, experts, counts))  # type: ignore[attr-defined]
+        hs = [stack.post_moe(layer, r, x, y) for (r, x), y in zip(pre, routed, strict=True)]
+    out = []
+    for step, h, ctx in zip(steps, hs, ctxs, strict=True):
+        if step.logits == "last":
+            last_B = torch.tensor([n - 1 for n in step.lengths], device=step.valid_BT.device)
+            h = h[torch.arange(h.shape[0], device=h.device), last_B][:, None]
+        out.append(stack.finish(h, ctx))
+    return out
