@@ -90,3 +90,24 @@ def tiny_adapter_olmoe():  # type: ignore[no-untyped-def]
     from moefleet.models.tiny import tiny_model
 
     return HFMoEAdapter(tiny_model("olmoe"))
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["-m", "olmoe-1b-7b:layers=99"], "outside 1..16"),
+    (["-m", "tiny-mixtral-random", "--dtype", "fp8"], "unknown --dtype 'fp8'"),
+    pytest.param(["-m", "tiny-mixtral-random", "--dtype", "float16"],
+                 "use --dtype bfloat16 or float32", marks=pytest.mark.skipif(
+                     torch.cpu._is_amx_fp16_supported(), reason="this CPU has fp16 units")),
+    (["-m", "tiny-mixtral-random", "--kv-cache-memory", "lots"], "is not a size"),
+    (["-m", "tiny-mixtral-random", "--gpu-memory-utilization", "0"], "(0, 1]"),
+    (["-m", "tiny-mixtral-random", "--gpu-memory-utilization", "1.5"], "(0, 1]"),
+])
+def test_cli_bad_sizes_and_dtypes_are_one_line(args: list[str], needle: str) -> None:
+    from typer.testing import CliRunner
+
+    from moefleet.cli import app
+
+    r = CliRunner().invoke(app, ["generate", *args, "--prompt", "x"])
+    assert r.exit_code != 0
+    assert needle in r.stderr and "Traceback" not in r.output
+    assert len([ln for ln in r.stderr.splitlines() if ln.startswith("error:")]) == 1
