@@ -16,7 +16,8 @@ tokens, greedy, end-of-sequence ignored). Side by side, on one device:
 Per run: tokens/s; fraction of the memory roofline (a decode step reads every weight
 once: roofline time = steps x weight bytes / measured copy bandwidth, over the run's
 wall time, so prefill time counts against it); KV capacity; preemptions; host reads per
-decode step (``engine.host_reads.HostReads`` around every step); peak RSS so far. And,
+decode step (``engine.host_reads.HostReads`` around every step of an untimed pass: the
+counting slows every torch call); peak RSS so far. And,
 in a subprocess, the peak RSS of loading the full model shape (``--load-model``) over its
 weight bytes (skipped, and said so, when the machine's free memory cannot hold it).
 
@@ -118,15 +119,12 @@ def run_engine(adapter: Any, ids: list[list[int]], lens: list[int], a: argparse.
     rids = [eng.add_request(p, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
             for p, n in zip(ids, lens, strict=True)]
     merged = {r: RequestOutput(r, [], "", False) for r in rids}
-    decode_reads: list[int] = []
     decode_rows: list[int] = []
     t0 = time.perf_counter()
     while eng.has_unfinished:
-        with HostReads() as reads:
-            outs = eng.step()
+        outs = eng.step()
         st = eng.stats.steps[-1]
         if st.num_tokens == st.num_rows:  # every row advanced by one token: a decode step
-            decode_reads.append(reads.count)
             decode_rows.append(st.num_rows)
         for o in outs:
             merge_into(merged[o.request_id], o)
@@ -135,11 +133,9 @@ def run_engine(adapter: Any, ids: list[list[int]], lens: list[int], a: argparse.
     tokens = sum(lens)
     steps = eng.stats.steps
     info = {"wall_s": wall, "tokens_per_s": tokens / wall, "steps": len(steps),
-            "decode_steps": len(decode_reads), "decode_rows": decode_rows,
+            "decode_steps": len(decode_rows), "decode_rows": decode_rows,
             "preemptions": eng.scheduler.num_preemptions,
-            "host_reads_per_decode_step_max": max(decode_reads, default=None),
-            "host_reads_per_decode_step_median": statistics.median(decode_reads)
-            if decode_reads else None,
+            **host_reads(adapter, ids, a, stack),
             "kv_capacity": opened.runner.kv_capacity.as_dict(),  # type: ignore[attr-defined]
             "peak_rss_gib_so_far": peak_rss_gib(), "notes": opened.notes}
     router = opened.brownout
@@ -150,6 +146,26 @@ def run_engine(adapter: Any, ids: list[list[int]], lens: list[int], a: argparse.
                             "expert_accesses_per_call": (s.original_accesses
                                                          + s.united_accesses) / max(1, s.calls)}
     return [merged[r].new_token_ids for r in rids], info
+
+
+def host_reads(adapter: Any, ids: list[list[int]], a: argparse.Namespace,
+               stack: StackOptions) -> dict[str, Any]:
+    """Host reads per decode step, counted in an untimed pass of its own (the counting
+    mode sees every torch call from Python, which would slow the timed run): the first
+    ``max_num_seqs`` prompts, 6 tokens each."""
+    eng = in_process_engine(adapter, stack=stack, device=a.device, max_num_seqs=a.max_num_seqs,
+                            max_model_len=a.max_model_len).engine
+    for p in ids[: a.max_num_seqs]:
+        eng.add_request(p, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    counts = []
+    while eng.has_unfinished:
+        with HostReads() as reads:
+            eng.step()
+        st = eng.stats.steps[-1]
+        if st.num_tokens == st.num_rows:
+            counts.append(reads.count)
+    return {"host_reads_per_decode_step_max": max(counts, default=None),
+            "host_reads_per_decode_step_median": statistics.median(counts) if counts else None}
 
 
 def hf_generate(model: Any, batch: list[list[int]], new: int, device: str) -> list[list[int]]:
@@ -342,12 +358,12 @@ def main(argv: list[str] | None = None) -> int:
         x == y for x, y in zip(outputs["engine_fused"], static, strict=True)) / len(ids)
     RESULTS.mkdir(exist_ok=True)
     out = Path(a.out) if a.out else RESULTS / f"engine_scale_{dev.type}.json"
-    if "skipped" in res.get("load", {}) and out.is_file():
+    if "ratio" not in res.get("load", {}) and out.is_file():
         # keep a load measured by an earlier run of this script (said so in the JSON)
         old = json.loads(out.read_text()).get("load", {})
         if "ratio" in old:
             res["load"] = {**old, "from_an_earlier_run": True,
-                           "skipped_this_run": res["load"]["skipped"]}
+                           "skipped_this_run": res.get("load", {}).get("skipped", "not asked")}
             res["bars"]["load_rss_over_weights"] = old["ratio"]
     write_text_atomic(out, json.dumps(res, indent=2, sort_keys=True) + "\n")
     print(json.dumps(res["bars"], indent=2))
