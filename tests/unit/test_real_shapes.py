@@ -111,3 +111,21 @@ def test_cli_bad_sizes_and_dtypes_are_one_line(args: list[str], needle: str) -> 
     assert r.exit_code != 0
     assert needle in r.stderr and "Traceback" not in r.output
     assert len([ln for ln in r.stderr.splitlines() if ln.startswith("error:")]) == 1
+
+
+def test_cli_generates_with_a_real_shape_slice() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from moefleet.cli import app
+
+    r = CliRunner().invoke(app, ["generate", "-m", "olmoe-1b-7b:layers=1", "--dtype",
+                                 "bfloat16", "--kv-cache-memory", "64MiB", "--prompt",
+                                 "The castle was", "--max-tokens", "2", "--ignore-eos",
+                                 "--json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert RANDOM_NOTE in out["notes"]
+    assert len(out["outputs"][0]["token_ids"]) == 2
+    assert "KV cache: " in r.stderr and "(as given)" in r.stderr
