@@ -24,7 +24,7 @@ on the local backend): same plans, same requests, same routing.
 - compared per plan: median TTFT and TPOT, remote calls (total and per layer), remote
   token-slots (the runtime's from its replies' bytes), billed USD of the main function
   and of the remote functions (the platform's meter on the runtime's records; the
-  simulator's own billing, 1 ms granularity, at the meter's price per GB-s: the
+  simulator's billing, the meter's duration rule, at the meter's price per GB-s: the
   platform's default 2048 MB per vCPU, not the planner's 1 GB = 1 vCPU, see
   ``calibrate.metered_prices``). ``ratio`` = simulator / runtime; each round calibrates
   and then validates, ratios are medians over ``--rounds``.
@@ -201,10 +201,9 @@ def main() -> None:
                 run = measure_plan(plan, adapter, valid, platform=platform,
                                    store=open_store(tmp), max_tokens=args.new_tokens,
                                    workers=args.workers)
-            gran = platform.billing.granularity_ms / 1000.0
             # the runtime's dispatch: LPT's replica split when the plan's groups carry it
             lpt = any(g.replica_experts is not None for g in plan.groups)
-            simulator = RemoeSimulator(p, result.layout, billing_granularity_s=gran,
+            simulator = RemoeSimulator(p, result.layout, billing=platform.billing,
                                        dispatch="lpt" if lpt else "split",
                                        billed_overhead_s=cal.handler_fixed_s,
                                        keep_alive_s=1e9)
