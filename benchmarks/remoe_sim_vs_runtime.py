@@ -10,7 +10,7 @@ on the local backend): same plans, same requests, same routing.
   greedy tokens each, every request alone in its own main invocation (batch 1: the
   simulator's unit is one request). Validated: prompts 0..N-1. Calibration: the next
   ``--calib-requests`` prompts, never the validated ones;
-- calibration (:mod:`moefleet.remoe.calibrate`): in process, the non-expert time per
+- calibration (:mod:`moefleet.calibration.remoe`): in process, the non-expert time per
   layer and token and a local expert's time per routed slot (decode, prefill); then one
   *calibration deployment* (every expert remote, one replica) on the calibration prompts
   gives a nested call's overhead (from its TPOT) and the handler's billed fixed time;
@@ -95,7 +95,7 @@ def billed(records: list[Any], platform: Any, share: float) -> tuple[float, floa
 
 def compare(run: dict[str, Any], sim: Any, main_rate: float, hidden: int, platform: Any,
             moe_layers: list[int]) -> dict[str, Any]:
-    from moefleet.remoe.calibrate import record_slots
+    from moefleet.calibration.remoe import record_slots
 
     res = run["results"]
     rec = run["remote_records"]
@@ -155,16 +155,16 @@ def main() -> None:
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     load_before = os.getloadavg()
 
-    from moefleet.data import load_prompts
-    from moefleet.models import load_adapter
-    from moefleet.platform import load_platform, open_store
-    from moefleet.remoe.calibrate import (
+    from moefleet.calibration.remoe import (
         calibrate_runtime,
         calibrated_problem,
         measure_plan,
         metered_prices,
         record_passes,
     )
+    from moefleet.data import load_prompts
+    from moefleet.models import load_adapter
+    from moefleet.platform import load_platform, open_store
     from moefleet.sim.remoe import RemoeSimulator
 
     adapter = load_adapter(MODEL)

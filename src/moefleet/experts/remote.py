@@ -33,7 +33,6 @@ import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -41,7 +40,7 @@ import torch
 from moefleet.experts.stack import ExpertStack
 from moefleet.platform import InvocationRecord, ObjectStore
 from moefleet.runtime import scatter, transfer
-from moefleet.runtime.base import InvokeResult
+from moefleet.runtime.base import Invoker
 from moefleet.runtime.calls import ExpertDirect, expert_call
 from moefleet.runtime.deploy import Deployment
 from moefleet.runtime.errors import GatherError, PayloadTooLargeError
@@ -51,17 +50,6 @@ from moefleet.runtime.replies import failed_attempts
 
 Attribution = tuple[InvocationRecord, dict[str, float]]
 ANONYMOUS = "-"
-
-
-class Invoker(Protocol):
-    """What RemoteExperts calls functions through: a ``FunctionBackend``, or the nested
-    invoker a function gets in its call context."""
-
-    def invoke(self, name: str, payload: bytes, *,
-               request_id: str | None = None) -> InvokeResult: ...
-
-    @property
-    def max_inline_bytes(self) -> int: ...
 
 
 @dataclass
