@@ -98,7 +98,7 @@ def test_control_sets_the_step_threshold_from_recorded_latencies() -> None:
 
 
 @pytest.mark.parametrize(("text", "needle"), [
-    ("ways=8,slo-ttft=0.25", "lacks slo_tpot_s"),
+    ("ways=8,slo-ttft=0.25", "lacks slo-tpot="),
     ("ways=8,slo-ttft=0,slo-tpot=0.15", "slo=0.0"),
     ("ways=8,slo-ttft=0.25,slo-tpot=-1", "slo=-1.0"),
     ("ways=1,slo-ttft=0.25,slo-tpot=0.15", "ways=1"),

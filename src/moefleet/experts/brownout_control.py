@@ -91,6 +91,10 @@ def parse_brownout_spec(text: str) -> BrownoutSpec:
             raise BrownoutError(f"--brownout key {key!r} is unknown",
                                 f"keys: ways, mode, threshold, {', '.join(_FLOAT_KEYS)}")
     slos = [k for k in ("slo_ttft_s", "slo_tpot_s") if k in values]
+    if len(slos) == 1 and "threshold" not in values:
+        missing = "slo-tpot=" if slos == ["slo_ttft_s"] else "slo-ttft="
+        raise BrownoutError(f"--brownout {text!r} lacks {missing}: SALC needs both SLOs",
+                            f"add {missing}, e.g. ways=8,slo-ttft=0.25,slo-tpot=0.15")
     if "ways" not in values or ("threshold" in values) == (len(slos) == 2) or len(slos) == 1:
         raise BrownoutError(f"--brownout {text!r} needs ways= and either threshold= (fixed) "
                             "or both slo-ttft= and slo-tpot= (SALC)",
