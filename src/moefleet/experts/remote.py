@@ -16,10 +16,10 @@ for that layer, and sums the gate-weighted results:
   while the uploads are still running (each replica polls for its next minibatch).
 
 Slots whose expert id is -1 are skipped and contribute 0: a caller that keeps some experts
-elsewhere (Remoe's ``split_experts``) masks them. Invariants: every other slot is gathered
-exactly once (:func:`scatter.gather` raises otherwise); y equals the in-process experts to
-fp32 rounding; every invocation's record is kept, with each owner's share of its tokens
-(:meth:`set_owners`), until :meth:`drain`.
+elsewhere (Remoe's :class:`~moefleet.experts.split.SplitExperts`) masks them. Invariants:
+every other slot is gathered exactly once (:func:`scatter.gather` raises otherwise); y
+equals the in-process experts to fp32 rounding; every invocation's record is kept, with
+each owner's share of its tokens (:meth:`set_owners`), until :meth:`drain`.
 
 Shape legend: N tokens, D hidden, K experts per token.
 """
@@ -161,7 +161,7 @@ class RemoteExperts(ExpertStack):
             raise GatherError(
                 f"layer {layer}: tokens routed to experts {local.tolist()}, which no function "
                 "of the deployment holds (they are the main function's)",
-                "mask slots of local experts with -1 (split_experts does this)")
+                "mask slots of local experts with -1 (SplitExperts does this)")
         shares = scatter.assign(layer, ids_NK, self._replicas[layer],
                                 self._replica_of.get(layer))
         skipped_NK = (ids_NK == -1).numpy()
