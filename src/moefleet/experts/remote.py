@@ -27,7 +27,6 @@ Shape legend: N tokens, D hidden, K experts per token.
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -38,7 +37,7 @@ import numpy as np
 import torch
 
 from moefleet.experts.stack import ExpertStack
-from moefleet.platform import InvocationRecord, ObjectStore
+from moefleet.platform import ObjectStore
 from moefleet.runtime import scatter, transfer
 from moefleet.runtime.base import Invoker
 from moefleet.runtime.calls import ExpertDirect, expert_call
@@ -46,9 +45,8 @@ from moefleet.runtime.deploy import Deployment
 from moefleet.runtime.errors import GatherError, PayloadTooLargeError
 from moefleet.runtime.messages import encode
 from moefleet.runtime.payload import pack, resolve, unpack
-from moefleet.runtime.replies import failed_attempts
+from moefleet.runtime.replies import AttributedCalls, Attribution
 
-Attribution = tuple[InvocationRecord, dict[str, float]]
 ANONYMOUS = "-"
 
 
@@ -76,8 +74,7 @@ class RemoteExperts(ExpertStack):
         self.run_id = uuid.uuid4().hex[:8]
         self._calls = itertools.count()
         self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="moefleet-rx")
-        self._lock = threading.Lock()
-        self._records: list[Attribution] = []
+        self._attributed = AttributedCalls()
         self._owners: np.ndarray | None = None
         self.stats: dict[int, LayerCalls] = {}
         # direct shares over the payload limit sent as extra invocations (a plan whose
@@ -108,9 +105,7 @@ class RemoteExperts(ExpertStack):
 
     def drain(self) -> list[Attribution]:
         """Records since the last drain, each with ``{owner: share of its tokens}``."""
-        with self._lock:
-            out, self._records = self._records, []
-        return out
+        return self._attributed.drain()
 
     def store_requests(self) -> tuple[int, int]:
         """(PUT+LIST, GET) requests this caller made itself (billed as storage)."""
@@ -135,17 +130,7 @@ class RemoteExperts(ExpertStack):
         return {str(n): float(c) / total for n, c in zip(names, counts, strict=True)}
 
     def _invoke(self, fn: str, body: bytes, shares_by_owner: dict[str, float]) -> bytes:
-        # failed attempts the backend retried (billed, as on a platform) are the owners'
-        # too, whether the call then succeeded or gave up
-        with failed_attempts() as failed:
-            try:
-                res = self.invoker.invoke(fn, body)
-            finally:
-                with self._lock:
-                    self._records.extend((r, shares_by_owner) for r in failed)
-        with self._lock:
-            self._records.append((res.record, shares_by_owner))
-        return res.payload
+        return self._attributed.invoke(self.invoker, fn, body, shares_by_owner).payload
 
     # -- the ExpertFn ----------------------------------------------------------------------
     def __call__(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
