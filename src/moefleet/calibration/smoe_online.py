@@ -54,8 +54,9 @@ class OnlineSetup:
 
 
 def simulate_online(sc: Scenario, plan: DeploymentPlan, profile: Any, trace: Any, vocab: int,
-         policy: Controller | None, arrivals: list[Arrival], duration_s: float,
-         setup: OnlineSetup, cal: Any = None, caller_s: float = 0.0) -> tuple[Any, list[Any]]:
+                    policy: Controller | None, arrivals: list[Arrival], duration_s: float,
+                    setup: OnlineSetup, cal: Any = None, caller_s: float = 0.0
+                    ) -> tuple[Any, list[Any]]:
     """(the simulated result, its invocation records): the online run's arrivals through
     the simulator on the local backend's terms (replica pods, the workers as node slots,
     fast local pipes), with ``cal``'s overheads and ``caller_s`` per call when given."""
@@ -79,9 +80,8 @@ def simulate_online(sc: Scenario, plan: DeploymentPlan, profile: Any, trace: Any
     return res, list(sim.meter.records) if sim.meter is not None else []
 
 
-
 def warm_arrivals(warmup_ids: Sequence[str], setup: OnlineSetup,
-                   tokens: dict[str, int]) -> list[Arrival]:
+                  tokens: dict[str, int]) -> list[Arrival]:
     """The serial warm-up requests, ``warmup_gap_s`` apart, at their real token counts."""
     return [Arrival(i * setup.warmup_gap_s, rid, tokens.get(rid, setup.prompt_tokens))
             for i, rid in enumerate(warmup_ids)]

@@ -13,8 +13,10 @@ Invariants:
 - The simulator gets only what the run knew before the replay: the model's measured
   compute profile, the recorded routing of the very requests (exact replay per request
   id), the worker pool as ``node_slots``, and overheads calibrated on the warm-up
-  requests (never on the replay). Warm-up runs first in both; the controller sees
-  snapshots only from the replay's start (a control-interval boundary in both).
+  requests (never on the replay; :mod:`moefleet.calibration.smoe_online`, which also
+  holds :class:`OnlineSetup` and the simulated run). Warm-up runs first in both; the
+  controller sees snapshots only from the replay's start (a control-interval boundary in
+  both).
 - Decisions the platform cannot apply are clamped, never applied raw: memory below what
   a local instance starts in (its measured runtime footprint + parameters) is raised by
   :class:`MemoryFloor` (in both runs alike), limits by ``reconfigure``; both are counted.
