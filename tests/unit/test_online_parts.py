@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from moefleet.autoscale.base import (
-    Controller,
+from moefleet.control import (
     Decisions,
     FunctionConfig,
     FunctionMetrics,
+    MemoryFloor,
     MetricsSnapshot,
     PolicyState,
+    Replayed,
+    ScalingController,
 )
-from moefleet.runtime.control import MemoryFloor, Replayed
 from moefleet.workloads.base import Arrival
 
 
@@ -28,7 +29,7 @@ def _snap(t: float, configs: dict[str, FunctionConfig]) -> MetricsSnapshot:
                            slo_violation_rate=0.0)
 
 
-class _Ask(Controller):
+class _Ask(ScalingController):
     name = "ask"
 
     def __init__(self, decisions: Decisions) -> None:
