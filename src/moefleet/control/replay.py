@@ -19,7 +19,8 @@ class Replayed(ScalingController):
     (time applied since the replay's start, function, config); a decision applied at
     ``t`` was taken at the snapshot ``apply_delay_s`` before it. For the simulator, to
     tell the simulator's error from a controller that saw other snapshots and chose
-    otherwise. State: how many snapshots it has seen (an int)."""
+    otherwise. A function the snapshot does not hold gets no decision. State: how many
+    snapshots it has seen (an int)."""
 
     name = "replayed"
 
@@ -34,4 +35,5 @@ class Replayed(ScalingController):
     def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
                                                                              PolicyState]:
         k = (state or 0) + 1  # the k-th snapshot of the replay
-        return dict(self.by_interval.get(k, {})), k
+        return {name: cfg for name, cfg in self.by_interval.get(k, {}).items()
+                if name in snapshot.functions}, k

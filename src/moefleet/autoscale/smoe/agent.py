@@ -334,6 +334,8 @@ class SmoeController(ScalingController):
                                                                              PolicyState]:
         import time
 
+        if not snapshot.functions:  # nothing deployed or observed yet: nothing to decide
+            return {}, state
         t0 = time.perf_counter()
         ag = self.agent
         x_NF, peak_N = node_features(ag.dag, snapshot, self.slo_s, self.options)

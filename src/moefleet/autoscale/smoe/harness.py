@@ -204,13 +204,14 @@ class Recorder(ScalingController):
         out: Decisions = {}
         if not started and self.initial:
             out.update({k: v for k, v in self.initial.items()
-                        if snapshot.functions[k].config != v})
+                        if k in snapshot.functions and snapshot.functions[k].config != v})
         if self.inner is not None:
             t0 = time.perf_counter()
             dec, inner_state = self.inner.decide(snapshot, inner_state)
             log.decide_s.append(time.perf_counter() - t0)
             out.update(dec)
-        return out, (True, inner_state)
+        # An empty snapshot (no functions yet) has nothing to start: try again next time.
+        return out, (started or bool(snapshot.functions), inner_state)
 
 
 def segment_start(sc: Scenario) -> Decisions:
