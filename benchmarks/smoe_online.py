@@ -111,6 +111,7 @@ def main() -> None:
     from moefleet.autoscale.smoe.evaluate import eval_windows
     from moefleet.autoscale.smoe.harness import window_arrivals
     from moefleet.calibration.smoe_online import OnlineSetup, calibrate_local
+    from moefleet.control import Replayed
     from moefleet.experiments.smoe_online import (
         EMULATED,
         memory_floor,
@@ -124,7 +125,6 @@ def main() -> None:
     from moefleet.io import write_json_atomic
     from moefleet.models import load_adapter
     from moefleet.profiles.cache import profile_for
-    from moefleet.runtime.control import Replayed
 
     t_all, cpu_all, load0 = time.perf_counter(), time.process_time(), os.getloadavg()
     if not args.checkpoint.is_file():

@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from moefleet.autoscale.base import AutoscaleError
+from moefleet.autoscale.errors import AutoscaleError
 from moefleet.autoscale.smoe import ActorSpec, ConfigSpace, DDPGConfig
 from moefleet.autoscale.smoe.checkpoint import KEY, agent_state
 from moefleet.autoscale.smoe.train import TrainSetup, load_checkpoint, save_checkpoint, train

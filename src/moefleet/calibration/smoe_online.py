@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from moefleet.autoscale.base import AutoscaleError, Controller
+from moefleet.autoscale.errors import AutoscaleError
 from moefleet.autoscale.smoe.harness import Scenario
+from moefleet.control import APPLY_DELAY_S, ScalingController
 from moefleet.plan.plan import DeploymentPlan
-from moefleet.runtime.control import APPLY_DELAY_S
 from moefleet.workloads.base import Arrival
 
 
@@ -54,7 +54,7 @@ class OnlineSetup:
 
 
 def simulate_online(sc: Scenario, plan: DeploymentPlan, profile: Any, trace: Any, vocab: int,
-                    policy: Controller | None, arrivals: list[Arrival], duration_s: float,
+                    policy: ScalingController | None, arrivals: list[Arrival], duration_s: float,
                     setup: OnlineSetup, cal: Any = None, caller_s: float = 0.0
                     ) -> tuple[Any, list[Any]]:
     """(the simulated result, its invocation records): the online run's arrivals through
@@ -75,7 +75,7 @@ def simulate_online(sc: Scenario, plan: DeploymentPlan, profile: Any, trace: Any
     if cal is not None:
         spec, cfg = apply_calibration(spec, cfg, cal)
     sim = Simulator(plan, profile, spec, router=TraceRowRouter(trace), config=cfg,
-                    policy=policy, seed=setup.seed, decoder=False)
+                    controller=policy, seed=setup.seed, decoder=False)
     res = sim.run(arrivals, duration_s)
     return res, list(sim.meter.records) if sim.meter is not None else []
 

@@ -38,18 +38,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from moefleet.autoscale.base import AutoscaleError, Controller, FunctionConfig
+from moefleet.autoscale.errors import AutoscaleError
 from moefleet.autoscale.smoe.harness import Recorder, Scenario, segment_start
 from moefleet.calibration.smoe_online import OnlineSetup, simulate_online, warm_arrivals
-from moefleet.plan.plan import DeploymentPlan
-from moefleet.runtime.control import (
+from moefleet.control import (
     APPLY_DELAY_S,
-    ControlConfig,
-    ControlLoop,
     Deferred,
+    FunctionConfig,
     MemoryFloor,
     Replayed,
+    ScalingController,
 )
+from moefleet.plan.plan import DeploymentPlan
+from moefleet.runtime.control import ControlConfig, ControlLoop
 from moefleet.workloads.base import Arrival
 
 EMULATED = ("emulated: local worker processes stand in for OpenFaaS pods (CPU below one "
@@ -128,7 +129,7 @@ def _worker_cpu_s(pids: Sequence[int]) -> float:
 
 
 def run_measured(sc: Scenario, plans: tuple[DeploymentPlan, DeploymentPlan], adapter: Any,
-                 controller: Controller | None, floor: dict[str, int],
+                 controller: ScalingController | None, floor: dict[str, int],
                  arrivals: Sequence[Arrival], duration_s: float,
                  batches: dict[str, tuple[Any, Any]], warmup_ids: Sequence[str],
                  store_dir: str, setup: OnlineSetup, *,
@@ -233,7 +234,7 @@ def token_counts(batches: dict[str, tuple[Any, Any]]) -> dict[str, int]:
 
 
 def run_simulated(sc: Scenario, plan: DeploymentPlan, profile: Any, trace: Any, vocab: int,
-                  controller: Controller | None, floor: dict[str, int],
+                  controller: ScalingController | None, floor: dict[str, int],
                   arrivals: Sequence[Arrival], duration_s: float, warmup_ids: Sequence[str],
                   setup: OnlineSetup, cal: Any, tokens: dict[str, int],
                   caller_s: float = 0.0) -> tuple[RunLog, Any]:
