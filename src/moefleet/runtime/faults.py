@@ -27,9 +27,9 @@ emulated: the experts run in process and the wrapper stands in for the remote ca
 :class:`~moefleet.runtime.stores.FaultyStore`: ``store-503`` raises
 :class:`StoreUnavailableError` (S3 503 SlowDown) and ``store-drop`` a
 ``ConnectionResetError`` before the operation reaches the store, at rate ``rate``.
-:class:`ResilientStore` retries store operations under the ``store`` retry policy; a
-retried ``put`` writes the same bytes under the same key (idempotent: never a second
-object).
+:class:`~moefleet.runtime.stores.RetryingStore` retries store operations under the
+``store`` retry policy; a retried ``put`` writes the same bytes under the same key
+(idempotent: never a second object).
 
 Every retry above the backend goes through :func:`~moefleet.runtime.retry.retry_call`
 with the backend's explicit :data:`~moefleet.runtime.retry.POLICIES` entry; a retried
@@ -39,7 +39,6 @@ Everything marked "emulated" says so in the benchmark's JSON.
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import os
 import random
@@ -47,7 +46,6 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from moefleet.errors import MoefleetError
 from moefleet.platform import InvocationRecord, ObjectStore
@@ -221,40 +219,3 @@ def store_faults(inner: ObjectStore, plan: FaultPlan) -> FaultyStore:
     failure: StoreFailure = "store-503" if plan.kind == "store-503" else "store-drop"
     rate = plan.rate if plan.kind in STORE_FAULTS else 0.0
     return FaultyStore(inner, STORE_OPS, rate=rate, seed=plan.seed + 7, failure=failure)
-
-
-class ResilientStore(ObjectStore):
-    """Retries every operation of ``inner`` under ``policy`` (default: ``store``)."""
-
-    def __init__(self, inner: ObjectStore, policy: RetryPolicy | None = None,
-                 seed: int = 0) -> None:
-        super().__init__()
-        self.inner, self.policy = inner, policy or POLICIES["store"]
-        self.url = inner.url
-        self._rng = random.Random(seed)
-        self.retries = 0
-
-    def _retry(self, fn: Any) -> Any:
-        def failed(err: BaseException, attempt: int) -> None:
-            self.retries += 1
-
-        return retry_call(self.policy, fn, on_failure=failed, rng=self._rng)
-
-    def put(self, key: str, data: bytes) -> None:
-        # Idempotent: a retry rewrites the same bytes under the same key.
-        self._retry(lambda: self.inner.put(key, data))
-
-    def get(self, key: str) -> bytes:
-        return self._retry(lambda: self.inner.get(key))
-
-    def exists(self, key: str) -> bool:
-        return self._retry(lambda: self.inner.exists(key))
-
-    def delete(self, key: str) -> None:
-        self._retry(lambda: self.inner.delete(key))
-
-    def list(self, prefix: str = "") -> builtins.list[str]:
-        return self._retry(lambda: self.inner.list(prefix))
-
-    def stats(self) -> Any:
-        return self.inner.stats()

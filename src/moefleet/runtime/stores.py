@@ -4,8 +4,9 @@
 
 - :class:`CountingStore` counts one caller's requests (a function instance's invocation),
   so its PUT/GET counts go into that invocation's record (every attempt is a request);
-- :class:`RetryingStore` retries transient ``StorageError`` (never a missing key) with
-  exponential backoff, a bounded number of times, then re-raises naming the key;
+- :class:`RetryingStore` retries transient failures (never a missing key) under a
+  :class:`~moefleet.runtime.retry.RetryPolicy`, then re-raises naming the key: the one
+  retrying store, in functions, callers and the fault experiments alike;
 - :class:`LatencyStore` emulates a remote store on one machine: each request sleeps
   ``access_latency_s + bytes / bandwidth`` (the platform's storage numbers);
 - :class:`FaultyStore` injects failures: the first N matching requests (tests) or a
@@ -18,6 +19,7 @@ functions) can rebuild the same store from its URL.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import importlib
 import random
 import threading
@@ -26,7 +28,8 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from moefleet.errors import MoefleetError
-from moefleet.platform import ObjectNotFoundError, ObjectStore, StorageError, open_store
+from moefleet.platform import ObjectStore, StorageError, open_store
+from moefleet.runtime.retry import POLICIES, RetryPolicy, retry_call
 
 
 class _Wrapper(ObjectStore):
@@ -78,30 +81,49 @@ class CountingStore(_Wrapper):
 
 
 class RetryingStore(_Wrapper):
-    """Retries transient failures: ``attempts`` tries in all, sleeping ``backoff_s``,
-    2x, 4x ... between them. ``ObjectNotFoundError`` is final (retrying cannot help)."""
+    """Retries transient failures of ``inner`` under ``policy`` (default: the ``store``
+    entry of :data:`~moefleet.runtime.retry.POLICIES`: any ``StorageError`` but a missing
+    object, dropped connections, timeouts; full-jitter backoff). ``attempts`` and
+    ``backoff_s`` override the policy's attempts and base backoff (a function's store
+    takes them from its config). Every operation is idempotent, so retrying is safe: a
+    retried PUT writes the same bytes under the same key, never a second object.
 
-    def __init__(self, inner: ObjectStore, attempts: int = 3, backoff_s: float = 0.02) -> None:
+    A ``StorageError`` still failing after every attempt is re-raised naming the
+    operation, the key, the store and the count; ``retries`` counts failed attempts.
+    """
+
+    def __init__(self, inner: ObjectStore, attempts: int | None = None,
+                 backoff_s: float | None = None, *, policy: RetryPolicy | None = None,
+                 seed: int | None = None) -> None:
         super().__init__(inner)
-        if attempts < 1:
-            raise StorageError(f"attempts must be >= 1, got {attempts}")
-        self.attempts = attempts
-        self.backoff_s = backoff_s
+        policy = policy or POLICIES["store"]
+        if attempts is not None:
+            if attempts < 1:
+                raise StorageError(f"attempts must be >= 1, got {attempts}")
+            policy = dataclasses.replace(policy, attempts=attempts)
+        if backoff_s is not None:
+            policy = dataclasses.replace(policy, base_s=backoff_s)
+        self.policy = policy
+        self._rng = random.Random(seed) if seed is not None else None
+        self.retries = 0
 
     def _retry(self, what: str, key: str, fn: Callable[[], Any]) -> Any:
-        for attempt in range(1, self.attempts + 1):
-            try:
-                return fn()
-            except ObjectNotFoundError:
-                raise
-            except StorageError as err:
-                if attempt == self.attempts:
-                    raise StorageError(
-                        f"{what} {key!r} failed {attempt} times on {self.url}: {err.message}",
-                        err.hint or "check the object store (space, permissions, network)",
-                    ) from err
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-        raise AssertionError("unreachable")
+        failures = 0
+
+        def failed(err: BaseException, attempt: int) -> None:
+            nonlocal failures
+            failures += 1
+            self.retries += 1
+
+        try:
+            return retry_call(self.policy, fn, on_failure=failed, rng=self._rng)
+        except StorageError as err:
+            if failures < self.policy.attempts:
+                raise  # not retried (a missing object): as it is
+            raise StorageError(
+                f"{what} {key!r} failed {failures} times on {self.url}: {err.message}",
+                err.hint or "check the object store (space, permissions, network)",
+            ) from err
 
     def put(self, key: str, data: bytes) -> None:
         self._retry("PUT", key, lambda: self.inner.put(key, data))
@@ -114,9 +136,15 @@ class RetryingStore(_Wrapper):
         found: bool = self._retry("HEAD", key, lambda: self.inner.exists(key))
         return found
 
+    def delete(self, key: str) -> None:
+        self._retry("DELETE", key, lambda: self.inner.delete(key))
+
     def list(self, prefix: str = "") -> builtins.list[str]:
         keys: builtins.list[str] = self._retry("LIST", prefix, lambda: self.inner.list(prefix))
         return keys
+
+    def stats(self) -> Any:
+        return self.inner.stats()
 
 
 class LatencyStore(_Wrapper):
