@@ -26,8 +26,8 @@ from moefleet.runtime.faults import (
     EMULATED,
     FaultPlan,
     FaultyBackend,
-    FaultyStore,
     ResilientStore,
+    store_faults,
 )
 from moefleet.runtime.retry import POLICIES
 
@@ -80,7 +80,7 @@ def run_under_faults(adapter: MoEModelAdapter, dep: Deployment, backend: Functio
     from moefleet.compose.run import run_billed
     from moefleet.compose.score import SCORE, score_options
 
-    fstore = FaultyStore(store, plan)
+    fstore = store_faults(store, plan)
     before = len(backend.records())
     run = FaultRun(backend.name, plan.kind, plan.rate)
     stack = StackOptions(faults=plan if plan.kind in BACKEND_FAULTS else None)

@@ -8,7 +8,8 @@
   exponential backoff, a bounded number of times, then re-raises naming the key;
 - :class:`LatencyStore` emulates a remote store on one machine: each request sleeps
   ``access_latency_s + bytes / bandwidth`` (the platform's storage numbers);
-- :class:`FaultyStore` injects failures (fault tests; usable by any backend).
+- :class:`FaultyStore` injects failures: the first N matching requests (tests) or a
+  seeded fraction of them (the fault experiments; ``runtime.faults.store_faults``).
 
 :func:`build_store` makes the stack from a JSON-able config, so worker processes (or remote
 functions) can rebuild the same store from its URL.
@@ -18,10 +19,11 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from moefleet.errors import MoefleetError
 from moefleet.platform import ObjectNotFoundError, ObjectStore, StorageError, open_store
@@ -149,26 +151,80 @@ class LatencyStore(_Wrapper):
         return self.inner.exists(key)
 
 
+class StoreUnavailableError(StorageError):
+    """An object store refused a request for now (S3: 503 SlowDown)."""
+
+    retry_after_s = 0.0
+
+
+class Dice:
+    """A seeded, thread-safe Bernoulli source (one draw per operation)."""
+
+    def __init__(self, rate: float, seed: int) -> None:
+        self.rate, self._rng, self._lock = rate, random.Random(seed), threading.Lock()
+        self.injected = 0
+
+    def roll(self) -> bool:
+        with self._lock:
+            hit = self._rng.random() < self.rate
+            self.injected += int(hit)
+            return hit
+
+
+STORE_OPS = ("put", "get", "exists", "delete", "list")
+StoreFailure = Literal["storage", "store-503", "store-drop"]
+
+
 class FaultyStore(_Wrapper):
-    """Fails requests whose operation is in ``ops`` and whose key contains ``match``:
-    the first ``fail_first`` of them (per process), or all when ``fail_first < 0``."""
+    """Fails chosen requests before they reach ``inner`` (fault injection, any backend).
+
+    A request is eligible when its operation is in ``ops`` and its key (a LIST's prefix)
+    contains ``match``. Of the eligible ones, without ``rate``: the first ``fail_first``
+    fail (per process; all of them when ``fail_first < 0``), deterministic for tests;
+    with ``rate``: a seeded fraction ``rate`` fails (``Dice(rate, seed)``), as the fault
+    experiments inject. What is raised is ``failure``: ``"storage"`` a ``StorageError``,
+    ``"store-503"`` a :class:`StoreUnavailableError` (S3 503 SlowDown), ``"store-drop"``
+    a ``ConnectionResetError``. ``injected`` counts the failures raised.
+    """
 
     def __init__(
         self, inner: ObjectStore, ops: tuple[str, ...] = ("get",), match: str = "",
-        fail_first: int = 1,
+        fail_first: int = 1, *, rate: float | None = None, seed: int = 0,
+        failure: StoreFailure = "storage",
     ) -> None:
         super().__init__(inner)
+        unknown = set(ops) - set(STORE_OPS)
+        if unknown:
+            raise StorageError(f"unknown store operations {sorted(unknown)}",
+                               f"use some of: {', '.join(STORE_OPS)}")
         self.ops, self.match, self.fail_first = set(ops), match, fail_first
+        self.failure = failure
+        self._dice = Dice(rate, seed) if rate is not None else None
         self.failures = 0
         self._lock = threading.Lock()
+
+    @property
+    def injected(self) -> int:
+        return self.failures
 
     def _maybe_fail(self, op: str, key: str) -> None:
         if op not in self.ops or self.match not in key:
             return
-        with self._lock:
-            if 0 <= self.fail_first <= self.failures:
+        if self._dice is not None:
+            if not self._dice.roll():
                 return
-            self.failures += 1
+            with self._lock:
+                self.failures += 1
+        else:
+            with self._lock:
+                if 0 <= self.fail_first <= self.failures:
+                    return
+                self.failures += 1
+        where = f"{op.upper()} {key}"
+        if self.failure == "store-503":
+            raise StoreUnavailableError(f"{where}: 503 SlowDown (injected)")
+        if self.failure == "store-drop":
+            raise ConnectionResetError(f"{where}: connection reset (injected)")
         raise StorageError(f"injected {op.upper()} failure on {key!r}", "fault injection")
 
     def put(self, key: str, data: bytes) -> None:
@@ -178,6 +234,21 @@ class FaultyStore(_Wrapper):
     def get(self, key: str) -> bytes:
         self._maybe_fail("get", key)
         return self.inner.get(key)
+
+    def exists(self, key: str) -> bool:
+        self._maybe_fail("exists", key)
+        return self.inner.exists(key)
+
+    def delete(self, key: str) -> None:
+        self._maybe_fail("delete", key)
+        self.inner.delete(key)
+
+    def list(self, prefix: str = "") -> builtins.list[str]:
+        self._maybe_fail("list", prefix)
+        return self.inner.list(prefix)
+
+    def stats(self) -> Any:
+        return self.inner.stats()
 
 
 def faulty(inner: ObjectStore, **options: Any) -> ObjectStore:
