@@ -163,7 +163,7 @@ def averaged_united(adapter: MoEModelAdapter, ways: int) -> UnitedExperts:
     groups: dict[int, tuple[tuple[int, ...], ...]] = {}
     modules: dict[int, list[nn.Module]] = {}
     for layer in adapter.moe_layers:
-        stacked = adapter.stacked_experts(layer)
+        stacked = adapter.stacked_expert_weights(layer)
         if stacked is None:
             raise BrownoutError(f"{adapter.family} keeps no stacked expert weights",
                                 "distill united experts instead")

@@ -18,9 +18,10 @@ from moefleet.engine.engine import StepHook
 from moefleet.engine.runner import InProcessRunner, ModelRunner
 from moefleet.errors import MoefleetError
 from moefleet.experts.brownout import BrownoutExperts
+from moefleet.experts.nest import compose
 from moefleet.experts.remote import RemoteExperts
 from moefleet.experts.split import held_experts
-from moefleet.experts.stack import ExpertStack, compose, find
+from moefleet.experts.stack import ExpertStack, find
 from moefleet.models.base import MoEModelAdapter
 from moefleet.plan import DeploymentPlan
 from moefleet.platform import ObjectStore, PlatformSpec
@@ -83,10 +84,9 @@ def salc_hooks(pieces: ExpertStack, stack: StackOptions) -> list[StepHook]:
     router = find(pieces, BrownoutExperts)
     if spec is None or router is None or not (spec.controlled or stack.salc is not None):
         return []
-    from moefleet.experts.brownout_control import BrownoutControl
     from moefleet.experts.brownout_hook import SALCHook
 
-    return [SALCHook(BrownoutControl(stack.salc or spec.salc(), router))]
+    return [SALCHook(stack.salc or spec.salc(), router)]
 
 
 def _same_model(a: str, b: str) -> bool:

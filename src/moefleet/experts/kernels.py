@@ -39,7 +39,7 @@ def in_process_experts(adapter: MoEModelAdapter, kernel: Kernel = "auto") -> Exp
     grouped GEMM per projection, no padding, no host read: faster than the loop on CPUs
     too, benchmarks/engine_scale.py), else the loop.
     """
-    stacked_ok = adapter.stacked_experts(adapter.moe_layers[0]) is not None
+    stacked_ok = adapter.stacked_expert_weights(adapter.moe_layers[0]) is not None
     if kernel == "auto":
         kernel = "fused" if stacked_ok else "loop"
     if kernel == "loop":
@@ -53,7 +53,7 @@ def in_process_experts(adapter: MoEModelAdapter, kernel: Kernel = "auto") -> Exp
     if kernel == "fused":
         def fused(layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
                   w_NK: torch.Tensor) -> torch.Tensor:
-            stacked = adapter.stacked_experts(layer)
+            stacked = adapter.stacked_expert_weights(layer)
             assert stacked is not None  # checked for the model above
             return fused_experts(x_ND, ids_NK, w_NK, *stacked)
 
@@ -62,7 +62,7 @@ def in_process_experts(adapter: MoEModelAdapter, kernel: Kernel = "auto") -> Exp
 
     def run(layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
             w_NK: torch.Tensor) -> torch.Tensor:
-        stacked = adapter.stacked_experts(layer)
+        stacked = adapter.stacked_expert_weights(layer)
         assert stacked is not None  # checked for the model above
         gate_up_E2FD, down_EDF, act = stacked
         return grouped_matmul(x_ND, ids_NK, w_NK, gate_up_E2FD, down_EDF, act)
