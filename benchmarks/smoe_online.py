@@ -110,13 +110,13 @@ def main() -> None:
     torch.set_num_threads(1)
     from moefleet.autoscale.smoe.evaluate import eval_windows
     from moefleet.autoscale.smoe.harness import window_arrivals
+    from moefleet.control import Replayed
     from moefleet.io import write_json_atomic
     from moefleet.models import load_adapter
     from moefleet.profiles.cache import profile_for
     from moefleet.runtime.online import (
         EMULATED,
         OnlineSetup,
-        Replayed,
         calibrate_local,
         memory_floor,
         pod_plans,

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from moefleet.autoscale.base import (
-    Controller,
+from moefleet.control import (
     Decisions,
     FunctionConfig,
     MetricsSnapshot,
     PolicyState,
+    ScalingController,
 )
 from moefleet.workloads.base import Arrival
 
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.integration]
 MODEL = "tiny-mixtral-random"  # 3 MoE layers x 8 experts, top-2
 
 
-class _Scripted(Controller):
+class _Scripted(ScalingController):
     """At its first snapshot: exp-0-1 to 2048 MB, exp-1-2 to 128 MB (below the floor)."""
 
     name = "scripted"

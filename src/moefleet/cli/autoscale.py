@@ -289,6 +289,7 @@ def eval_cmd(
 def convert_cmd(
     old: Annotated[Path, typer.Argument(help="Format-1 checkpoint (a torch pickle, .pt).")],
     new: Annotated[Path, typer.Argument(help="Format-2 checkpoint to write (.safetensors).")],
+    json_out: Annotated[bool, typer.Option("--json", help="print JSON on stdout")] = False,
 ) -> None:
     """Convert an sMoE checkpoint of format 1 (a torch pickle) to format 2 (safetensors
     + JSON). The old file is read with torch's weights_only loader: a file holding
@@ -301,4 +302,7 @@ def convert_cmd(
         from moefleet.autoscale.smoe.convert import convert_checkpoint
 
         path = convert_checkpoint(old, new)
+    if json_out:
+        emit_json({"input": str(old), "output": str(path), "format": 2})
+        return
     out_console(False).print(f"wrote {path} (sMoE checkpoint format 2)", highlight=False)

@@ -29,7 +29,7 @@ def export_cmd(
     """
     with user_errors():
         check_outputs(("--out", out), stdout=("--out",))
-        from moefleet.autoscale.base import FunctionConfig
+        from moefleet.control import FunctionConfig
         from moefleet.plan import DeploymentPlan
         from moefleet.plan.export import export
         from moefleet.platform import load_platform

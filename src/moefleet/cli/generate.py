@@ -64,6 +64,9 @@ def generate_cmd(
         if not 1 <= num_prompts <= MAX_PROMPTS:
             raise MoefleetError(f"--num-prompts must be in [1, {MAX_PROMPTS}], got "
                                 f"{num_prompts}", "generate in several runs")
+        if max_tokens < 1:  # the engine takes 0 (prompt scoring); generate needs a token
+            raise MoefleetError(f"--max-tokens must be >= 1, got {max_tokens}",
+                                "ask for at least one token, e.g. --max-tokens 32")
         args = parse(plan=plan, backend=backend, store=store, workers=workers,
                      brownout=brownout, inject_faults=inject_faults, device=device,
                      kernel=kernel, max_num_seqs=max_num_seqs)  # before the model loads

@@ -169,7 +169,7 @@ def run_simulation(*, plan_path: Path | None, model: str | None, memory: int | N
         kw["scaling"] = "on-demand" if policy == "static" else "replicas"
     cfg = SimConfig(**kw)  # SimConfig validates the strings
     sim = Simulator(plan, profile, spec, router=router, config=cfg,
-                    policy=make_policy(policy), seed=seed, decoder=decoder)
+                    controller=make_policy(policy), seed=seed, decoder=decoder)
     arrivals, described = _arrivals(workload, duration, seed)
     check_sim_budget(arrivals, kw, decoder)
     with progress() as bar:

@@ -77,10 +77,9 @@ def salc_hooks(pieces: ExpertStack, stack: StackOptions) -> list[StepHook]:
     router = find(pieces, BrownoutExperts)
     if spec is None or router is None or not (spec.controlled or stack.salc is not None):
         return []
-    from moefleet.experts.brownout_control import BrownoutControl
     from moefleet.experts.brownout_hook import SALCHook
 
-    return [SALCHook(BrownoutControl(stack.salc or spec.salc(), router))]
+    return [SALCHook(stack.salc or spec.salc(), router)]
 
 
 def _same_model(a: str, b: str) -> bool:

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from moefleet.autoscale.base import FunctionConfig
+from moefleet.control import FunctionConfig
 from moefleet.errors import MoefleetError, UnknownNameError
 from moefleet.platform import InvocationRecord, PlatformSpec
 from moefleet.runtime.errors import (

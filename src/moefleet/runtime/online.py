@@ -37,17 +37,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from moefleet.autoscale.base import AutoscaleError, Controller, FunctionConfig
+from moefleet.autoscale.errors import AutoscaleError
 from moefleet.autoscale.smoe.harness import Recorder, Scenario, segment_start
-from moefleet.plan.plan import DeploymentPlan
-from moefleet.runtime.control import (
+from moefleet.control import (
     APPLY_DELAY_S,
-    ControlConfig,
-    ControlLoop,
     Deferred,
+    FunctionConfig,
     MemoryFloor,
     Replayed,
+    ScalingController,
 )
+from moefleet.plan.plan import DeploymentPlan
+from moefleet.runtime.control import ControlConfig, ControlLoop
 from moefleet.workloads.base import Arrival
 
 EMULATED = ("emulated: local worker processes stand in for OpenFaaS pods (CPU below one "
@@ -154,7 +155,7 @@ def _worker_cpu_s(pids: Sequence[int]) -> float:
 
 
 def run_measured(sc: Scenario, plans: tuple[DeploymentPlan, DeploymentPlan], adapter: Any,
-                 controller: Controller | None, floor: dict[str, int],
+                 controller: ScalingController | None, floor: dict[str, int],
                  arrivals: Sequence[Arrival], duration_s: float,
                  batches: dict[str, tuple[Any, Any]], warmup_ids: Sequence[str],
                  store_dir: str, setup: OnlineSetup, *,
@@ -253,7 +254,7 @@ def run_measured(sc: Scenario, plans: tuple[DeploymentPlan, DeploymentPlan], ada
 
 
 def _sim(sc: Scenario, plan: DeploymentPlan, profile: Any, trace: Any, vocab: int,
-         policy: Controller | None, arrivals: list[Arrival], duration_s: float,
+         policy: ScalingController | None, arrivals: list[Arrival], duration_s: float,
          setup: OnlineSetup, cal: Any = None, caller_s: float = 0.0) -> tuple[Any, list[Any]]:
     """(the simulated result, its invocation records)."""
     from moefleet.sim import Calibration, SimConfig, Simulator, apply_calibration
@@ -271,7 +272,7 @@ def _sim(sc: Scenario, plan: DeploymentPlan, profile: Any, trace: Any, vocab: in
     if cal is not None:
         spec, cfg = apply_calibration(spec, cfg, cal)
     sim = Simulator(plan, profile, spec, router=TraceRowRouter(trace), config=cfg,
-                    policy=policy, seed=setup.seed, decoder=False)
+                    controller=policy, seed=setup.seed, decoder=False)
     res = sim.run(arrivals, duration_s)
     return res, list(sim.meter.records) if sim.meter is not None else []
 
@@ -348,7 +349,7 @@ def calibrate_local(sc: Scenario, plan: DeploymentPlan, profile: Any, trace: Any
 
 
 def run_simulated(sc: Scenario, plan: DeploymentPlan, profile: Any, trace: Any, vocab: int,
-                  controller: Controller | None, floor: dict[str, int],
+                  controller: ScalingController | None, floor: dict[str, int],
                   arrivals: Sequence[Arrival], duration_s: float, warmup_ids: Sequence[str],
                   setup: OnlineSetup, cal: Any, tokens: dict[str, int],
                   caller_s: float = 0.0) -> tuple[RunLog, Any]:

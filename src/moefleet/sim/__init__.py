@@ -1,7 +1,7 @@
 """Discrete-event simulation (SimPy) of serverless MoE serving.
 
     Simulator(plan, profile, "aws-lambda", router=..., config=SimConfig(...),
-              policy=make_policy("hpa"), seed=0).run(workload, duration_s) -> SimResult
+              controller=make_policy("hpa"), seed=0).run(workload, duration_s) -> SimResult
 
 Functions have instances with a per-instance concurrency limit, a FIFO queue, cold and
 warm starts, keep-alive and scale to zero; a request runs a prefill pass and G decode

@@ -31,7 +31,7 @@ from typing import Literal
 import simpy
 from simpy.events import NORMAL
 
-from moefleet.autoscale.base import FunctionConfig, FunctionMetrics
+from moefleet.control import FunctionConfig, FunctionMetrics
 from moefleet.plan.plan import Method
 from moefleet.platform.billing import InvocationRecord, Meter
 from moefleet.platform.specs import MB_PER_GB, PlatformSpec

@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from moefleet.autoscale.base import AutoscaleError
+from moefleet.autoscale.errors import AutoscaleError
 from moefleet.autoscale.smoe.agent import DDPGConfig, SmoeAgent
 from moefleet.autoscale.smoe.harness import DEFAULT_MODEL
 from moefleet.autoscale.smoe.nets import ActorSpec

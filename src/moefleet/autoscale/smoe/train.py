@@ -40,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from moefleet.autoscale.base import AutoscaleError, AutoscalePolicy, FunctionConfig
+from moefleet.autoscale.errors import AutoscaleError
 from moefleet.autoscale.smoe.agent import (
     DDPGConfig,
     SmoeAgent,
@@ -72,6 +72,7 @@ from moefleet.autoscale.smoe.popularity import (
 )
 from moefleet.autoscale.smoe.restore import restore
 from moefleet.autoscale.smoe.space import ConfigSpace
+from moefleet.control import FunctionConfig, ScalingController
 
 TRAIN_PATTERNS = ("bursty", "normal", "slow")
 SCENARIOS = ("uniform", "skewed")
@@ -283,15 +284,15 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
 
 
 def demonstrators(sc: Scenario, space: ConfigSpace,
-                  rule: PopRule | None = None) -> list[AutoscalePolicy]:
+                  rule: PopRule | None = None) -> list[ScalingController]:
     """The controllers whose logged experience warm-starts training, in turn: the
     popularity-aware rule (when given), the static plan, HPA (requests per second) and
     ElasticMoE, with the evaluation's bounds and delays (the paper trains offline from
     a function logger's history)."""
-    from moefleet.autoscale.base import StaticPolicy
     from moefleet.autoscale.smoe.evaluate import baseline
+    from moefleet.control import StaticPolicy
 
-    out: list[AutoscalePolicy] = [] if rule is None else [PopularityDemonstrator(rule)]
+    out: list[ScalingController] = [] if rule is None else [PopularityDemonstrator(rule)]
     out.append(StaticPolicy())
     for name in ("hpa", "elasticmoe"):
         b = baseline(name, sc, space)
