@@ -63,7 +63,7 @@ from moefleet.runtime.local_pool import (
     LostWorker,
     Worker,
     WorkerPool,
-    default_workers,
+    checked_workers,
     process_memory_mb,
     store_config,
 )
@@ -144,7 +144,7 @@ class LocalBackend(FunctionBackend):
             cond=self._cond, start_method=start_method, startup_timeout_s=startup_timeout_s,
             on_nested=self._serve_nested)
         self._pools: dict[str, WorkerPool] = {}
-        self._pools["fn"] = self._new_pool("fn", workers or default_workers())
+        self._pools["fn"] = self._new_pool("fn", checked_workers(workers))
         self._housekeeper = threading.Thread(target=self._housekeep, daemon=True,
                                              name="moefleet-local-housekeeper")
         self._housekeeper.start()
