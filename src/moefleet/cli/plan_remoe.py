@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from tokenize import TokenError  # np.load's header parser raises it on a mangled header
 from typing import Any
 
 from moefleet.errors import DataError, MoefleetError
@@ -29,7 +30,7 @@ def load_activation(path: Path, model: str) -> Any:
     if path.suffix == ".npy":
         try:
             arr = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as err:
+        except (OSError, ValueError, EOFError, SyntaxError, TokenError) as err:
             raise DataError(f"{path} is not a readable .npy array: {err}") from None
         if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "iuf" or arr.ndim != 2:
             raise DataError(f"{path} holds a {getattr(arr, 'dtype', type(arr).__name__)} "
