@@ -48,7 +48,7 @@ from tests.reliability.hostile_corpus import all_cases, make_seeds  # noqa: E402
 from tests.reliability.model_dirs import CASES as MODEL_DIRS  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "hostile_inputs.json"
-USAGE = ("Invalid value", "No such option", "Missing option", "Usage:")
+USAGE = ("Invalid value",)  # a range or type error; a missing option would prove nothing
 
 
 class Hang(Exception):

@@ -20,7 +20,7 @@ from tests.reliability.hostile_corpus import Seeds, all_cases, make_seeds
 runner = CliRunner()
 CASES = {f"{kind}:{name}": build for kind, name, build in all_cases()}
 BOUND_S = 20.0
-USAGE = ("Invalid value", "No such option", "Missing option", "Usage:")
+USAGE = ("Invalid value",)  # a range or type error; a missing option would prove nothing
 
 
 @pytest.fixture(scope="module")
