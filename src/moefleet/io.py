@@ -14,6 +14,9 @@ Every command checks all of its output paths with :func:`check_output_paths` *be
 starts work, so a bad ``--png`` never leaves a half-done set of outputs behind; every
 problem here is an :class:`~moefleet.errors.OutputPathError` or
 :class:`~moefleet.errors.DataError` naming the path, never a raw ``OSError``.
+
+:func:`safetensors_ready` is the one preparation of tensors for a safetensors file or
+packet (checkpoints, payloads).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -377,3 +380,21 @@ def refusal_reason(err: BaseException) -> str:
     lines = [ln.strip() for ln in str(err).splitlines()
              if "unsupported" in ln.lower() or "GLOBAL" in ln]
     return f" ({lines[0][:160]})" if lines else ""
+
+
+def safetensors_ready(tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """``tensors`` (torch) as safetensors accepts them: detached and contiguous, and no
+    two sharing storage (it refuses both). Copies only what must be: a non-contiguous
+    tensor, and every tensor after the first whose storage an earlier one holds (e.g. a
+    replay transition's next state is the following transition's state)."""
+    out: dict[str, Any] = {}
+    seen: set[int] = set()
+    for name, t in tensors.items():
+        t = t.detach().contiguous()
+        ptr = t.untyped_storage().data_ptr() if t.numel() else -1
+        if ptr in seen:
+            t = t.clone()
+        elif ptr != -1:
+            seen.add(ptr)
+        out[name] = t
+    return out

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import typer.main
 
-from tests.docs.runner import ROOT, run
+from tests.docs.block_runner import ROOT, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 M = "tiny-mixtral-random"

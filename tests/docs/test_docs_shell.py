@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs.block_runner import free_port, run
 from tests.docs.fences import for_tests, runnable
-from tests.docs.runner import free_port, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 PAGES = ["getting-started.md", "quickstart.md"]

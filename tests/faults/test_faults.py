@@ -15,9 +15,10 @@ from moefleet.models.tiny import tiny_model
 from moefleet.plan import DeploymentPlan
 from moefleet.platform import LocalObjectStore, load_platform
 from moefleet.runtime.deploy import Deployment, deploy_plan
-from moefleet.runtime.faults import FaultPlan, FaultyStore, ResilientStore, StoreUnavailableError
+from moefleet.runtime.faults import FaultPlan, store_faults
 from moefleet.runtime.local import LocalBackend
 from moefleet.runtime.retry import POLICIES, RetryPolicy, retry_call
+from moefleet.runtime.stores import RetryingStore, StoreUnavailableError
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -64,7 +65,7 @@ def test_no_request_is_lost_and_failed_attempts_are_billed(
 
 def test_retried_uploads_never_duplicate_objects(tmp_path) -> None:  # type: ignore[no-untyped-def]
     inner = LocalObjectStore(tmp_path)
-    store = ResilientStore(FaultyStore(inner, FaultPlan("store-503", rate=0.3, seed=1)))
+    store = RetryingStore(store_faults(inner, FaultPlan("store-503", rate=0.3, seed=1)), seed=1)
     for i in range(20):
         store.put(f"k/{i}", bytes([i]) * 10)
     assert inner.list("k/") == sorted(f"k/{i}" for i in range(20))

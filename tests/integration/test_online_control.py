@@ -59,11 +59,8 @@ class _FakeClock:
 
 def test_online_run_applies_decisions_and_the_simulator_replays_it(tmp_path: Path) -> None:
     from moefleet.autoscale.smoe.harness import build_scenario
-    from moefleet.models import load_adapter, zoo
-    from moefleet.profiles.cache import profile_for
-    from moefleet.runtime.online import (
-        OnlineSetup,
-        calibrate_local,
+    from moefleet.calibration.smoe_online import OnlineSetup, calibrate_local
+    from moefleet.experiments.smoe_online import (
         memory_floor,
         pod_plans,
         requests_for,
@@ -71,6 +68,8 @@ def test_online_run_applies_decisions_and_the_simulator_replays_it(tmp_path: Pat
         run_simulated,
         token_counts,
     )
+    from moefleet.models import load_adapter, zoo
+    from moefleet.profiles.cache import profile_for
 
     zoo.build(MODEL)
     adapter = load_adapter(MODEL)

@@ -54,7 +54,7 @@ def test_gpu_label() -> None:
 def test_place_non_experts_moves_everything_but_the_routed_experts() -> None:
     adapter = HFMoEAdapter(small_mixtral())
     experts = {p.data_ptr() for layer in adapter.moe_layers
-               for p in adapter.stacked_experts(layer)[:2]}  # type: ignore[index]
+               for p in adapter.stacked_expert_weights(layer)[:2]}  # type: ignore[index]
     place_non_experts(adapter, torch.device("cpu"))  # the CPU: nothing moves
     assert all(p.device.type == "cpu" for p in adapter.model.parameters())
     place_non_experts(adapter, torch.device("meta"))  # stands in for CUDA

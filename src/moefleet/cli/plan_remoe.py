@@ -131,7 +131,7 @@ def remoe_table(plan: Any) -> Any:  # -> rich Table
         t.add_column(col, overflow="fold")
     main = plan.main
     if main is not None:
-        local = sum(len(plan.local_experts(lp.layer)) for lp in plan.layers)
+        local = sum(len(plan.main_expert_ids(lp.layer)) for lp in plan.layers)
         gpu = f" + {main.gpu_gb:g} GB GPU" if main.gpu_gb else ""
         t.add_row("main", f"non-experts, KV cache, {local} local experts",
                   f"{main.memory_mb} MB{gpu}", "1")

@@ -18,9 +18,10 @@ from moefleet.engine.engine import StepHook
 from moefleet.engine.runner import InProcessRunner, ModelRunner
 from moefleet.errors import MoefleetError
 from moefleet.experts.brownout import BrownoutExperts
+from moefleet.experts.nest import compose
 from moefleet.experts.remote import RemoteExperts
 from moefleet.experts.split import held_experts
-from moefleet.experts.stack import ExpertStack, compose, find
+from moefleet.experts.stack import ExpertStack, find
 from moefleet.models.base import MoEModelAdapter
 from moefleet.plan import DeploymentPlan
 from moefleet.platform import ObjectStore, PlatformSpec

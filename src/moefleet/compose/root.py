@@ -47,8 +47,9 @@ from moefleet.errors import MoefleetError
 from moefleet.experts.brownout import BrownoutExperts
 from moefleet.experts.faults import FaultyExperts
 from moefleet.experts.kernels import in_process_experts
+from moefleet.experts.nest import compose
 from moefleet.experts.remote import RemoteExperts
-from moefleet.experts.stack import ExpertStack, compose, find
+from moefleet.experts.stack import ExpertStack, find
 from moefleet.models.base import MoEModelAdapter
 from moefleet.plan import DeploymentPlan
 from moefleet.platform import ObjectStore, PlatformSpec, load_platform, open_store

@@ -30,20 +30,20 @@ def in_process_experts(adapter: MoEModelAdapter, kernel: Kernel = "auto") -> Exp
     """
     if kernel == "auto":
         on_gpu = adapter.device.type != "cpu"
-        kernel = "stacked" if on_gpu and adapter.stacked_experts(adapter.moe_layers[0]) \
+        kernel = "stacked" if on_gpu and adapter.stacked_expert_weights(adapter.moe_layers[0]) \
             is not None else "loop"
     if kernel == "loop":
         return adapter.local_expert_fn()
     if kernel != "stacked":
         raise MoefleetError(f"unknown expert kernel {kernel!r}", f"use one of {list(KERNELS)}")
-    if adapter.stacked_experts(adapter.moe_layers[0]) is None:
+    if adapter.stacked_expert_weights(adapter.moe_layers[0]) is None:
         raise MoefleetError(
             f"{adapter.family} keeps no stacked expert weights, so the stacked kernel "
             "cannot run it", "use kernel='loop'")
 
     def run(layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
             w_NK: torch.Tensor) -> torch.Tensor:
-        stacked = adapter.stacked_experts(layer)
+        stacked = adapter.stacked_expert_weights(layer)
         assert stacked is not None  # checked for the model above
         gate_up_E2FD, down_EDF, act = stacked
         return grouped_matmul(x_ND, ids_NK, w_NK, gate_up_E2FD, down_EDF, act)

@@ -154,13 +154,13 @@ class MoEModelAdapter(ABC):
         _, weights_NK, ids_NK = self.router_module(layer)(x_ND)
         return ids_NK, weights_NK
 
-    def stacked_experts(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
+    def stacked_expert_weights(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
         """A gated-FFN layer's weights stacked over experts: ``(gate_up_E2FD, down_EDF,
         act)``, views of the model's own tensors; None where the family has no such
         layout (then only the per-expert loop runs it)."""
         return None
 
-    def experts_stacked(self, layer: int) -> list[nn.Module]:
+    def expert_modules(self, layer: int) -> list[nn.Module]:
         return [self.expert(layer, i) for i in range(self.num_experts(layer))]
 
     def local_expert_fn(self) -> ExpertFn:

@@ -202,7 +202,7 @@ class DeploymentPlan(_Strict):
             ((lp.layer, (i,), ec.memory_mb, ec.replicas)
              for lp in self.layers for i, ec in enumerate(lp.experts)))
 
-    def local_experts(self, layer: int) -> list[int]:
+    def main_expert_ids(self, layer: int) -> list[int]:
         """Experts of ``layer`` that the main function holds (none without a main)."""
         if self.main is None:
             return []

@@ -25,12 +25,13 @@ answers), ``stall`` (sleeps ``stall_s``: a call that hangs far past any SLO) or
 ``error`` (a ``RuntimeError``: a handler bug, which no policy retries). All of them are
 emulated: the experts run in process and the wrapper stands in for the remote call.
 
-:class:`FaultyStore` wraps an :class:`~moefleet.platform.ObjectStore`: ``store-503``
-raises :class:`StoreUnavailableError` (S3 503 SlowDown) and ``store-drop`` a
+:func:`store_faults` wraps an :class:`~moefleet.platform.ObjectStore` in the one
+:class:`~moefleet.runtime.stores.FaultyStore`: ``store-503`` raises
+:class:`StoreUnavailableError` (S3 503 SlowDown) and ``store-drop`` a
 ``ConnectionResetError`` before the operation reaches the store, at rate ``rate``.
-:class:`ResilientStore` retries store operations under the ``store`` retry policy; a
-retried ``put`` writes the same bytes under the same key (idempotent: never a second
-object).
+:class:`~moefleet.runtime.stores.RetryingStore` retries store operations under the
+``store`` retry policy; a retried ``put`` writes the same bytes under the same key
+(idempotent: never a second object).
 
 Every retry above the backend goes through :func:`~moefleet.runtime.retry.retry_call`
 with the backend's explicit :data:`~moefleet.runtime.retry.POLICIES` entry; a retried
@@ -40,7 +41,6 @@ Everything marked "emulated" says so in the benchmark's JSON.
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import os
 import random
@@ -48,10 +48,9 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from moefleet.errors import MoefleetError
-from moefleet.platform import InvocationRecord, ObjectStore, StorageError
+from moefleet.platform import InvocationRecord, ObjectStore
 from moefleet.runtime.base import FunctionBackend, FunctionSpec, InvokeResult
 from moefleet.runtime.errors import (
     InvocationTimeoutError,
@@ -59,18 +58,18 @@ from moefleet.runtime.errors import (
 )
 from moefleet.runtime.replies import failed_record
 from moefleet.runtime.retry import POLICIES, RetryPolicy, retry_call
+from moefleet.runtime.stores import (
+    STORE_OPS,
+    Dice,
+    FaultyStore,
+    StoreFailure,
+)
 
 BACKEND_FAULTS = ("crash", "timeout", "throttle", "straggler")
 STORE_FAULTS = ("store-503", "store-drop")
 EXPERT_FAULTS = ("crash", "timeout", "throttle", "straggler", "stall", "error")
 FAULT_KINDS = BACKEND_FAULTS + STORE_FAULTS
 EMULATED = {"timeout", "throttle", "straggler", "stall", "error"}
-
-
-class StoreUnavailableError(StorageError):
-    """An object store refused a request for now (S3: 503 SlowDown)."""
-
-    retry_after_s = 0.0
 
 
 class InjectedThrottle(ThrottledError):
@@ -102,20 +101,6 @@ class FaultPlan:
                                 f"use one of: {', '.join(kinds)}")
         if not 0.0 <= self.rate <= 1.0:
             raise MoefleetError(f"fault rate must be in [0, 1], got {self.rate}")
-
-
-class Dice:
-    """A seeded, thread-safe Bernoulli source (one draw per operation)."""
-
-    def __init__(self, rate: float, seed: int) -> None:
-        self.rate, self._rng, self._lock = rate, random.Random(seed), threading.Lock()
-        self.injected = 0
-
-    def roll(self) -> bool:
-        with self._lock:
-            hit = self._rng.random() < self.rate
-            self.injected += int(hit)
-            return hit
 
 
 class FaultyBackend(FunctionBackend):
@@ -250,81 +235,9 @@ def parse_fault(text: str) -> FaultPlan:
     return FaultPlan(parts[0], rate, seed=seed, timeout_s=secs, straggle_s=secs, stall_s=secs)
 
 
-class FaultyStore(ObjectStore):
-    """Wraps ``inner``; a seeded fraction of operations fails before reaching it."""
-
-    def __init__(self, inner: ObjectStore, plan: FaultPlan) -> None:
-        super().__init__()
-        self.inner, self.plan = inner, plan
-        self.url = inner.url
-        self._dice = Dice(plan.rate if plan.kind in STORE_FAULTS else 0.0, plan.seed + 7)
-
-    @property
-    def injected(self) -> int:
-        return self._dice.injected
-
-    def _maybe_fail(self, op: str, key: str) -> None:
-        if self._dice.roll():
-            if self.plan.kind == "store-503":
-                raise StoreUnavailableError(f"{op} {key}: 503 SlowDown (injected)")
-            raise ConnectionResetError(f"{op} {key}: connection reset (injected)")
-
-    def put(self, key: str, data: bytes) -> None:
-        self._maybe_fail("PUT", key)
-        self.inner.put(key, data)
-
-    def get(self, key: str) -> bytes:
-        self._maybe_fail("GET", key)
-        return self.inner.get(key)
-
-    def exists(self, key: str) -> bool:
-        self._maybe_fail("HEAD", key)
-        return self.inner.exists(key)
-
-    def delete(self, key: str) -> None:
-        self._maybe_fail("DELETE", key)
-        self.inner.delete(key)
-
-    def list(self, prefix: str = "") -> builtins.list[str]:
-        self._maybe_fail("LIST", prefix)
-        return self.inner.list(prefix)
-
-    def stats(self) -> Any:
-        return self.inner.stats()
-
-
-class ResilientStore(ObjectStore):
-    """Retries every operation of ``inner`` under ``policy`` (default: ``store``)."""
-
-    def __init__(self, inner: ObjectStore, policy: RetryPolicy | None = None,
-                 seed: int = 0) -> None:
-        super().__init__()
-        self.inner, self.policy = inner, policy or POLICIES["store"]
-        self.url = inner.url
-        self._rng = random.Random(seed)
-        self.retries = 0
-
-    def _retry(self, fn: Any) -> Any:
-        def failed(err: BaseException, attempt: int) -> None:
-            self.retries += 1
-
-        return retry_call(self.policy, fn, on_failure=failed, rng=self._rng)
-
-    def put(self, key: str, data: bytes) -> None:
-        # Idempotent: a retry rewrites the same bytes under the same key.
-        self._retry(lambda: self.inner.put(key, data))
-
-    def get(self, key: str) -> bytes:
-        return self._retry(lambda: self.inner.get(key))
-
-    def exists(self, key: str) -> bool:
-        return self._retry(lambda: self.inner.exists(key))
-
-    def delete(self, key: str) -> None:
-        self._retry(lambda: self.inner.delete(key))
-
-    def list(self, prefix: str = "") -> builtins.list[str]:
-        return self._retry(lambda: self.inner.list(prefix))
-
-    def stats(self) -> Any:
-        return self.inner.stats()
+def store_faults(inner: ObjectStore, plan: FaultPlan) -> FaultyStore:
+    """``inner`` failing a seeded fraction ``plan.rate`` of every operation with the plan's
+    store fault (none for a backend or expert fault kind)."""
+    failure: StoreFailure = "store-503" if plan.kind == "store-503" else "store-drop"
+    rate = plan.rate if plan.kind in STORE_FAULTS else 0.0
+    return FaultyStore(inner, STORE_OPS, rate=rate, seed=plan.seed + 7, failure=failure)
