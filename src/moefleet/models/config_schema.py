@@ -10,8 +10,8 @@ here, field by field, before any library builds a module from it. The checks, in
    every float a finite positive number;
 4. consistency: ``1 <= top-k <= experts``, heads divide the hidden size, KV heads divide
    the heads;
-5. a lower bound on the fp32 weights (embeddings, attention, experts) fits the memory of
-   this host (and of the GPU where one is used).
+5. a lower bound on the fp32 weights (embeddings, attention, experts) fits the memory
+   available on this host (where every loader builds the model first).
 
 Each failure is one :class:`~moefleet.errors.DataError` line naming the field, its value
 and the bound. The weights themselves are checked by :mod:`moefleet.models.weights_check`.
@@ -144,27 +144,20 @@ def _first(sizes: dict[str, int | None], names: tuple[str, ...]) -> int | None:
 
 
 def memory_budget_bytes() -> int:
-    """Memory this process may fill with weights: the host's available memory (and the
-    GPU's total where CUDA is in use, whichever is smaller)."""
-    avail = None
+    """Memory this process may fill with weights: the host's available memory. Every
+    loader builds the fp32 model on the host first (a GPU gets it afterwards, and the
+    engine checks that move), so the host is the bound that holds for every device."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
+                    return int(line.split()[1]) * 1024
     except (OSError, ValueError):
-        avail = None
-    if avail is None:
-        try:
-            avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (OSError, ValueError):
-            avail = 1 << 40
-    import sys
-
-    torch = sys.modules.get("torch")  # only where torch is already in use
-    if torch is not None and torch.cuda.is_available():
-        avail = min(avail, int(torch.cuda.get_device_properties(0).total_memory))
-    return avail
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        return 1 << 40
 
 
 def min_weight_bytes(s: dict[str, int | None], tied: bool) -> int:
