@@ -22,6 +22,7 @@ packet (checkpoints, payloads).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -199,6 +200,11 @@ def _is_pseudo_fs(path: Path) -> bool:
     return any(resolved == r or resolved.startswith(r + "/") for r in ("/proc", "/sys"))
 
 
+#: errno values that mean "the output could not be written", whoever wrote it.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EACCES,
+                          errno.EROFS})
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path next to ``target`` (next to the file a symlink points at);
@@ -217,9 +223,17 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     os.close(fd)
     tmp_path = Path(tmp)
     try:
-        yield tmp_path
-        with open(tmp_path, "rb") as fh:
-            os.fsync(fh.fileno())
+        try:
+            yield tmp_path
+            with open(tmp_path, "rb") as fh:
+                os.fsync(fh.fileno())
+        except OSError as err:
+            # A full disk or quota (ENOSPC, EDQUOT, EFBIG) or an I/O error while the
+            # output was being written: the partial file is removed below.
+            if err.errno not in WRITE_ERRNOS:
+                raise
+            raise OutputPathError(f"cannot write {target}: {os.strerror(err.errno or 0)}",
+                                  "free space on that disk, or write elsewhere") from None
         os.chmod(tmp_path, 0o666 & ~_umask())
         check_output_path(target)
         try:

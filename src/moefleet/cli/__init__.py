@@ -5,8 +5,11 @@ Every sub-command lives in its own module and is registered here.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import signal
+import sys
 
 import typer
 
@@ -71,4 +74,28 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    app()
+    try:
+        app()
+    except OSError as err:
+        if err.filename is not None or err.errno not in _WRITE_ERRNOS:
+            raise
+        _output_failed(err)
+
+
+#: Errors of writing the standard streams (``> /dev/full``, a closed pipe, a full quota).
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT, errno.EFBIG,
+                 errno.EACCES, errno.EBADF}
+
+
+def _output_failed(err: OSError) -> None:
+    """A write to stdout failed: one line on stderr, exit 1, no traceback. stdout is
+    pointed at /dev/null first, so the interpreter's own flush at exit cannot fail again."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    if err.errno != errno.EPIPE:  # a closed pipe is the reader's choice, not an error
+        with contextlib.suppress(OSError):
+            sys.stderr.write(f"error: cannot write the output: {os.strerror(err.errno or 0)}\n"
+                             "hint: free space on the disk, or write the output elsewhere\n")
+            sys.stderr.flush()
+    raise SystemExit(1)

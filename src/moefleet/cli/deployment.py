@@ -125,6 +125,37 @@ def load_model(model: str, args: DeploymentArgs) -> MoEModelAdapter:
     return load_adapter(model, dtype=args.dtype, device=args.device)
 
 
+class DistillProgress:
+    """Distilling united experts (``--brownout``, first time only) takes minutes: a
+    progress line with an ETA on stderr, rewritten in place on a terminal; elsewhere
+    (a log, a pipe) one plain line per group at most every 5 s, and the last one."""
+
+    def __init__(self, model: str, every_s: float = 5.0) -> None:
+        self.model, self.every_s = model, every_s
+        self.t0: float | None = None
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int, what: str) -> None:
+        import sys
+        import time
+
+        now = time.monotonic()
+        if self.t0 is None:
+            self.t0 = self.last = now
+            sys.stderr.write(f"note: distilling united experts of {self.model} for "
+                             "--brownout (once; cached afterwards)\n")
+        elapsed = now - self.t0
+        eta = f"{elapsed / done * (total - done):.0f} s" if done else "unknown"
+        line = (f"distilling united experts: {done}/{total} groups, {elapsed:.0f} s "
+                f"elapsed, ETA {eta} ({what})")
+        if sys.stderr.isatty():
+            sys.stderr.write("\r" + line + ("\n" if done == total else ""))
+        elif done in (0, 1, total) or now - self.last >= self.every_s:
+            sys.stderr.write(line + "\n")
+            self.last = now
+        sys.stderr.flush()
+
+
 @contextlib.contextmanager
 def open_cli_engine(adapter: MoEModelAdapter, args: DeploymentArgs, *, model_ref: str,
                     billing: Any = None, **engine: Any) -> Iterator[OpenedEngine]:
@@ -132,7 +163,7 @@ def open_cli_engine(adapter: MoEModelAdapter, args: DeploymentArgs, *, model_ref
     from moefleet.compose import EngineOptions, StackOptions, open_engine
 
     stack = StackOptions(kernel=args.kernel, brownout=args.brownout,  # type: ignore[arg-type]
-                         faults=args.faults)
+                         faults=args.faults, distill_progress=DistillProgress(model_ref))
     sizes: dict[str, Any] = {"kv_budget_bytes": args.kv_cache_bytes,
                              "gpu_memory_utilization": args.gpu_memory_utilization}
     options = EngineOptions(device=args.device, max_num_seqs=args.max_num_seqs,

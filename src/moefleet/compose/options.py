@@ -40,12 +40,15 @@ class StackOptions:
     ``local``: in-process experts other than the adapter's kernel (a measurement's own
     expert code); only without a plan, whose experts the plan places. ``salc``: a SALC
     controller of one's own (its SLOs and rates) instead of the one ``brownout`` builds.
+    ``distill_progress(done, total, what)``: called per united expert while ``brownout``
+    distils (not when cached), so a caller can show progress and an ETA.
     """
 
     kernel: Kernel = "auto"
     local: ExpertFn | None = None
     brownout: BrownoutSpec | None = None
     distill: DistillConfig | None = None
+    distill_progress: Callable[[int, int, str], None] | None = None
     united_kernel: str = "loop"
     salc: SALC | None = None
     faults: FaultPlan | None = None

@@ -69,7 +69,8 @@ def brownout_piece(adapter: MoEModelAdapter, stack: StackOptions, device: torch.
             layer: index_groups(adapter.num_experts(layer), spec.ways)
             for layer in adapter.moe_layers})
     else:
-        groups = distill(adapter, spec.ways, "index", stack.distill or DistillConfig())
+        groups = distill(adapter, spec.ways, "index", stack.distill or DistillConfig(),
+                         progress=stack.distill_progress)
         for mods in groups.modules.values():
             for m in mods:
                 m.to(device)

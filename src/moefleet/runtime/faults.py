@@ -3,8 +3,10 @@
 :class:`FaultyBackend` wraps any :class:`~moefleet.runtime.base.FunctionBackend` and, for a
 seeded fraction ``rate`` of invocations, injects one fault of a :class:`FaultPlan`'s kind:
 
-``crash``      a worker process of the wrapped local backend is SIGKILLed while the call
-               runs (real: the backend sees the lost call, bills the attempt, retries);
+``crash``      the worker process the wrapped local backend dispatches the call to is
+               SIGKILLed as the call is sent (its ``dispatch_hook``), so the attempt is
+               certainly lost (real: the backend sees the lost call, bills the attempt,
+               retries); other backends: a random worker after ``crash_after_s``;
 ``timeout``    the attempt is abandoned at the function's timeout (emulated: the wrapper
                raises ``InvocationTimeoutError`` after ``timeout_s`` and bills the full
                timeout, as Lambda bills a timed-out attempt);
@@ -116,6 +118,12 @@ class FaultyBackend(FunctionBackend):
         self._lock = threading.Lock()
         self._failed: list[InvocationRecord] = []
         self.retries = 0
+        # crash on a backend with a dispatch hook (local): the hook kills the very worker
+        # an armed attempt is dispatched to, so every injected crash loses that attempt.
+        self._armed = threading.local()
+        self._hooked = plan.kind == "crash" and hasattr(inner, "dispatch_hook")
+        if self._hooked:
+            inner.dispatch_hook = self._kill_dispatched  # type: ignore[attr-defined]
 
     @property
     def injected(self) -> int:
@@ -173,13 +181,27 @@ class FaultyBackend(FunctionBackend):
         if kind == "straggler":
             time.sleep(self.plan.straggle_s)
             return self.inner.invoke(name, payload, request_id=request_id)
-        # crash: SIGKILL a worker while this call runs; the backend retries the lost call.
+        # crash: SIGKILL the worker this call is dispatched to; the backend bills the lost
+        # attempt and retries it. The hook fires once, on this thread's first dispatch.
+        if self._hooked:
+            self._armed.on = True
+            try:
+                return self.inner.invoke(name, payload, request_id=request_id)
+            finally:
+                self._armed.on = False
+        # Backends without the hook: a random worker after crash_after_s (may miss).
         killer = threading.Timer(self.plan.crash_after_s, self._kill_a_worker)
         killer.start()
         try:
             return self.inner.invoke(name, payload, request_id=request_id)
         finally:
             killer.cancel()
+
+    def _kill_dispatched(self, name: str, pid: int) -> None:
+        if getattr(self._armed, "on", False):
+            self._armed.on = False
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # a worker process of the wrapped backend
 
     def _kill_a_worker(self) -> None:
         pids: list[int] = getattr(self.inner, "worker_pids", lambda: [])()

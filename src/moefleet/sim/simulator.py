@@ -299,11 +299,22 @@ def _drain(env: simpy.Environment) -> int:
         return n
 
 
+def check_not_remoe(plan: DeploymentPlan) -> None:
+    """This simulator bills segment and expert functions; a Remoe plan has neither (one
+    main function + expert groups), so it would report $0 and 0 s: refused."""
+    if plan.main is not None:
+        raise SimError("this is a Remoe plan (a main function + expert groups); the "
+                       "serverless simulator models segment + expert-function plans only",
+                       "its predicted cost and latency are in the plan (moefleet plan show); "
+                       "benchmarks/remoe_cost.py runs the Remoe simulator")
+
+
 def _check_inputs(plan: DeploymentPlan, profile: ComputeProfile, spec: PlatformSpec,
                   shape: ModelShape, cfg: SimConfig) -> None:
     if not spec.is_faas:
         raise SimError(f"platform {spec.name!r} is a {spec.kind}, not serverless",
                        "simulate a FaaS platform (moefleet platforms list)")
+    check_not_remoe(plan)
     if plan.platform != spec.name:
         raise PlanError(f"plan was made for platform {plan.platform!r}, not {spec.name!r}",
                         f"simulate on --platform {plan.platform} or re-plan")

@@ -198,6 +198,7 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
         ddpg = ddpg or DDPGConfig(bc_floor=TEACHER_IMITATION_FLOOR if teacher else 0.0)
         sc, agent = new_agent(setup, space or ConfigSpace(), spec, ddpg, seed)
         done, history = 0, []
+    done_before = done
     windows: dict[str, list[Any]] = {}  # found lazily: a short run needs few patterns
     t0 = time.perf_counter()
     # Checkpoints from before CPU accounting have no cpu_s: count from 0 then.
@@ -271,6 +272,13 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
         save_checkpoint(out, agent, setup, done, history)
         if progress is not None:
             progress(done, episodes, row)
+    if done == done_before and done < episodes:
+        # The budget ran out before one episode finished: no checkpoint was written, so
+        # reporting success would point the user at a file that is not there (or is old).
+        raise AutoscaleError(
+            f"the time budget of {time_budget_s:g} s ran out before the first episode "
+            f"finished (setup took {time.perf_counter() - t0:.0f} s); nothing was saved",
+            "raise --time-budget, or drop it")
     return {"episodes": done, "history": history, "wall_s": time.perf_counter() - t0,
             "checkpoint": str(out)}
 
