@@ -13,6 +13,7 @@ import typer
 from moefleet.cli import autoscale as _autoscale
 from moefleet.cli import bench as _bench
 from moefleet.cli import brownout as _brownout
+from moefleet.cli import compare as _compare
 from moefleet.cli import demo as _demo
 from moefleet.cli import export as _export
 from moefleet.cli import generate as _generate
@@ -52,6 +53,7 @@ app.command("demo")(_demo.demo_cmd)
 app.command("deploy")(_runtime.deploy_cmd)
 app.command("run")(_runtime.run_cmd)
 app.command("simulate")(_simulate.simulate_cmd)
+app.command("compare")(_compare.compare_cmd)
 app.command("export")(_export.export_cmd)
 app.command("generate")(_generate.generate_cmd)
 app.command("serve")(_serve.serve_cmd)

@@ -1,0 +1,47 @@
+"""Model shapes ``compare`` knows: the planner's analytical shapes plus small zoo shapes.
+
+Real-shape model configs (OLMoE, Qwen, Mixtral) land on another branch; until then these
+are the shapes with dimensions the Remoe planner's cost model can price. Every shape is a
+:class:`moefleet.plan.remoe.shapes.ModelDims` (bf16 weights).
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from moefleet.errors import UnknownNameError
+from moefleet.plan.remoe.shapes import SHAPES, ModelDims
+
+# tiny-moe-lm (models/tinylm/recipe.py defaults): 4 layers, hidden 256, SwiGLU ffn 512,
+# 8 experts top-2, vocabulary 8192 (embeddings + head = 2 x 8192 x 256), 4 KV heads of 64.
+EXTRA: dict[str, ModelDims] = {
+    "tiny-moe-lm": ModelDims("tiny-moe-lm", 4, 8, 2, 256, 512,
+                             4 * 4 * 256 * 256 + 2 * 8192 * 256, 4 * 2 * 256 * 2.0),
+}
+
+DEFAULT_MODEL = "gpt2-moe"
+
+
+def known_models() -> list[str]:
+    return sorted({**SHAPES, **EXTRA})
+
+
+def resolve_dims(name: str) -> ModelDims:
+    """The shape called ``name``; an unknown name is an error listing the known ones."""
+    table = {**SHAPES, **EXTRA}
+    if name in table:
+        return table[name]
+    close = difflib.get_close_matches(name, table, n=1)
+    raise UnknownNameError(f"unknown model shape '{name}'",
+                           (f"did you mean '{close[0]}'? " if close else "")
+                           + f"known: {', '.join(known_models())}")
+
+
+def model_bytes(d: ModelDims) -> float:
+    """All weights, bf16: non-experts plus every routed expert of every MoE layer."""
+    return d.bytes_per_param * (d.nonexpert_params + d.moe_layers * d.experts * d.expert_params)
+
+
+def active_params_per_token(d: ModelDims) -> float:
+    """Parameters one token multiplies: non-experts plus top-k experts per MoE layer."""
+    return d.nonexpert_params + d.moe_layers * d.top_k * d.expert_params
