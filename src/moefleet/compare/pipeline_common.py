@@ -39,13 +39,14 @@ def profile_of(sc: Scenario) -> ComputeProfile:
 
 def simulate_plan(sc: Scenario, plan: Any, row: Row, *, policy: Any = None,
                   scaling: str = "on-demand", initial: Any = None,
-                  prewarm: bool = False, pod_mb: int | None = None) -> Row:
+                  prewarm: bool = False, pod_mb: int | None = None,
+                  decode: str = "batched") -> Row:
     """Run ``plan`` under ``policy`` on the scenario; fill ``row`` from the result."""
     from moefleet.sim import DistributionRouter, SimConfig, Simulator
 
     tr = sc.traffic
     router = DistributionRouter(sc.real_LE, sc.dims.top_k)
-    cfg = SimConfig(scaling=scaling, keep_alive_s=sc.keep_alive_s, decode="batched",
+    cfg = SimConfig(scaling=scaling, keep_alive_s=sc.keep_alive_s, decode=decode,  # type: ignore[arg-type]
                     max_decode_batch=64, max_batched_tokens=2048,
                     ttft_slo_s=sc.slo_ttft_s, tpot_slo_s=sc.slo_tpot_s,
                     slo_s=None, interval_s=sc.interval_s, keep_requests=True,

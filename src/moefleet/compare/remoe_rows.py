@@ -61,19 +61,23 @@ def plan_relaxed(p: RemoeProblem, kind: str) -> tuple[Any, float]:
 
 
 def main_pool(times: np.ndarray, busy_s: np.ndarray, cold_s: float, keep_alive_s: float
-              ) -> tuple[np.ndarray, int]:
-    """Wait before each request's main starts (0 when warm, ``cold_s`` when cold) and the
-    number of cold starts: one main per request at a time, idle mains live
-    ``keep_alive_s`` (the most recently idle one is reused, as the simulator's pool)."""
+              ) -> tuple[np.ndarray, int, int]:
+    """Wait before each request's main starts (0 when warm, ``cold_s`` when cold), the
+    number of main cold starts, and of *idle episodes* (requests that find no main
+    running or idle: every function of the deployment has expired, so the remote ones
+    cold-start too). One main per request at a time; idle mains live ``keep_alive_s``
+    (the most recently idle one is reused, as the simulator's pool)."""
     idle: list[float] = []  # max-heap (negated) of times mains became idle
     running: list[float] = []  # min-heap of finish times
     wait = np.zeros(len(times))
-    colds = 0
+    colds = episodes = 0
     for i, t in enumerate(times):
         while running and running[0] <= t:
             heapq.heappush(idle, -heapq.heappop(running))
         while idle and t + idle[0] > keep_alive_s:  # the newest is too old: all are
             idle.clear()
+        if not idle and not running:
+            episodes += 1
         if idle:
             heapq.heappop(idle)
             start = t
@@ -82,7 +86,7 @@ def main_pool(times: np.ndarray, busy_s: np.ndarray, cold_s: float, keep_alive_s
             start = t + cold_s
             wait[i] = cold_s
         heapq.heappush(running, start + busy_s[i])
-    return wait, colds
+    return wait, colds, episodes
 
 
 def _fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -128,11 +132,11 @@ def simulate_layout(sc: Scenario, p: RemoeProblem, res: Any, row: Row) -> Row:
     fit_err = float(np.max(np.abs(a @ c_cost - np.array(cost)) / np.maximum(cost, 1e-12)))
     cost_all[picks] = cost
     busy = pre_all + tpot_all * np.maximum(outputs - 1, 0)
-    wait, colds = main_pool(times, busy, cold_s, sc.keep_alive_s)
+    wait, colds, episodes = main_pool(times, busy, cold_s, sc.keep_alive_s)
     fill_latency(row, wait + pre_all, tpot_all, outputs, sc.slo_ttft_s, sc.slo_tpot_s)
     row.cost_usd = float(cost_all.sum())
     row.output_tokens = int(outputs.sum())
-    row.cold_starts = int(colds * (1 + remote_cold))
+    row.cold_starts = int(colds + episodes * remote_cold)
     share = float(np.sum(main_cost) / max(np.sum(cost), 1e-300))
     row.bill = {"main function": row.cost_usd * share,
                 "remote experts": row.cost_usd * (1 - share)}

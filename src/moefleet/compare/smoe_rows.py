@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from moefleet.compare.pipeline_common import simulate_plan
 from moefleet.compare.rows import Row, absent
 from moefleet.compare.scenario import Scenario
@@ -76,7 +74,10 @@ def smoe_rows(sc: Scenario) -> list[Row]:
             row = Row(name, "smoe", plat, command=cmd)
             rows.append(simulate_plan(sc, plan, row, policy=make_policy(pol),
                                       scaling="replicas", initial=initial,
-                                      pod_mb=plan.layers[0].experts[0].memory_mb))
+                                      pod_mb=plan.layers[0].experts[0].memory_mb,
+                                      decode="per-request"))
+            row.notes.append("each request runs its own passes through the shared "
+                             "functions (sMoE's setting), so replicas carry concurrency")
         except MoefleetError as err:
             rows.append(absent(name, "smoe", plat, err.message, cmd))
     return rows
@@ -102,5 +103,4 @@ def composed_row(sc: Scenario) -> Row:
         row.notes.append(f"planned at SLOs x {factor:g} (infeasible at the SLOs)")
     row.notes.append("simulated as Remoe on refined predictions; sMoE scaling of the remote "
                      "functions and SALC on the main run only in the measured path")
-    _ = np  # numpy kept for callers' type parity
     return simulate_layout(sc, p, res, row)

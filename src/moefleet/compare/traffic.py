@@ -27,13 +27,14 @@ from typing import Any
 
 import numpy as np
 
-from moefleet.errors import MoefleetError
+from moefleet.errors import DataError, MoefleetError
 from moefleet.workloads.base import Arrival
 
 KINDS = ("azure-llm:conv", "azure-llm:code", "azure-fn-2019:<pattern>",
          "azure-fn-2021:<pattern>", "poisson:rate=R")
 MAX_PROMPT = 4096  # longer prompts are clipped (the shapes' context windows)
 MAX_OUTPUT = 1024
+FALLBACK_PROMPT, FALLBACK_OUTPUT = 1020, 129  # conv medians, where the trace is missing
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,10 @@ def _with_lengths(times: np.ndarray, prefix: str, seed: int,
                   prompts: np.ndarray | None = None,
                   outputs: np.ndarray | None = None) -> list[Arrival]:
     if prompts is None or outputs is None:
-        p_all, o_all = _conv_lengths()
+        try:
+            p_all, o_all = _conv_lengths()
+        except DataError:  # no shared data here: the conv trace's medians, fixed
+            p_all, o_all = np.array([FALLBACK_PROMPT]), np.array([FALLBACK_OUTPUT])
         rows = np.random.default_rng(seed + 7).integers(0, len(p_all), len(times))
         prompts, outputs = p_all[rows], o_all[rows]
     p = np.clip(np.asarray(prompts, np.int64), 1, MAX_PROMPT)
