@@ -21,17 +21,19 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from moefleet.compare.fleet import Fleet
+from moefleet.compare.fleet import Fleet, FleetResult
 from moefleet.compare.rows import Row, absent, fill_latency
 from moefleet.compare.scenario import Scenario
 from moefleet.compare.shapes import model_bytes
 from moefleet.engine.scheduler import SchedulerOutput
 from moefleet.platform.catalog import load_platform
+from moefleet.platform.specs import PlatformSpec
 from moefleet.profiles.gpu import GpuRoofline
 
 # A100 80GB (the gpu-server): bf16 312 TFLOP/s x 30%, 2,039 GB/s x 70% (ASSUMPTIONS, as
@@ -43,7 +45,39 @@ CPU_SEQS = 4  # HPA target: requests per CPU replica
 WAYS = 8
 
 
-def _distinct(real_LE: np.ndarray, top_k: int):  # type: ignore[no-untyped-def]
+class SalcDriver:
+    """BrownoutServe's SALC fed by the simulated engine's steps: a prefill step's
+    duration is a TTFT-side sample, a decode step's a TPOT sample (5 s window)."""
+
+    def __init__(self, slo_ttft_s: float, slo_tpot_s: float) -> None:
+        from moefleet.brownout.salc import SALC, SALCPairState
+
+        self.salc, self.state = SALC(slo_ttft_s, slo_tpot_s), SALCPairState()
+        self.t_pre = self.t_dec = 1.0
+        self.pre: list[tuple[float, float]] = []
+        self.dec: list[tuple[float, float]] = []
+        self.area = self.time = 0.0
+
+    def on_step(self, now: float, out: SchedulerOutput, dt: float) -> None:
+        from moefleet.brownout.salc import LatencySnapshot
+
+        pre = any(r.prefill for r in out.rows)
+        (self.pre if pre else self.dec).append((now, dt))
+        if not pre:
+            self.area += dt * self.t_dec
+            self.time += dt
+        self.pre = [x for x in self.pre if now - x[0] < 5.0]
+        self.dec = [x for x in self.dec if now - x[0] < 5.0]
+        _, self.state = self.salc.step(LatencySnapshot(now, self.pre),
+                                       LatencySnapshot(now, self.dec), self.state)
+        self.t_pre, self.t_dec = self.state.prefill.threshold, self.state.decode.threshold
+
+    @property
+    def mean_decode_threshold(self) -> float:
+        return self.area / self.time if self.time else 1.0
+
+
+def _distinct(real_LE: np.ndarray, top_k: int) -> Callable[[int], float]:
     @lru_cache(maxsize=4096)
     def touched(tokens: int) -> float:
         # expected experts with >= 1 of tokens x top_k draws (top-k ~ independent draws)
@@ -51,7 +85,8 @@ def _distinct(real_LE: np.ndarray, top_k: int):  # type: ignore[no-untyped-def]
     return touched
 
 
-def gpu_step(sc: Scenario, roof: GpuRoofline, cards: int, keep_LE: np.ndarray | None = None):  # type: ignore[no-untyped-def]
+def gpu_step(sc: Scenario, roof: GpuRoofline, cards: int, keep_LE: np.ndarray | None = None
+             ) -> Callable[..., float]:
     d = sc.dims
     B = d.bytes_per_param
     touched = _distinct(sc.real_LE, d.top_k)
@@ -71,11 +106,15 @@ def gpu_step(sc: Scenario, roof: GpuRoofline, cards: int, keep_LE: np.ndarray | 
     return step
 
 
+def _startup(spec: PlatformSpec) -> float:
+    return spec.startup.cold_start_s if spec.startup is not None else 0.0
+
+
 def _cards(sc: Scenario, card_gb: float) -> int:
     return max(1, math.ceil(model_bytes(sc.dims) * 1.1 / (card_gb * 2**30)))
 
 
-def _fill(sc: Scenario, row: Row, res, cost: float, bill: dict[str, float],  # type: ignore[no-untyped-def]
+def _fill(sc: Scenario, row: Row, res: FleetResult, cost: float, bill: dict[str, float],
           gpu_s: float) -> Row:
     tr = sc.traffic
     fill_latency(row, res.ttft_s, res.tpot_s, tr.outputs, sc.slo_ttft_s, sc.slo_tpot_s)
@@ -96,38 +135,19 @@ def gpu_engine_row(sc: Scenario, brownout: bool = False) -> Row:
     cards = _cards(sc, spec.gpu.memory_gb)
     order = np.sort(sc.real_LE, axis=1)[:, ::-1].cumsum(axis=1)
     step = gpu_step(sc, GpuRoofline(), cards, order if brownout else None)
-    state = {"t_pre": 1.0, "t_dec": 1.0, "pre": [], "dec": [], "area": 0.0, "time": 0.0}
-    salc = None
-    if brownout:
-        from moefleet.brownout.salc import SALC, LatencySnapshot, SALCPairState
-        salc = SALC(sc.slo_ttft_s, sc.slo_tpot_s)
-        pair = [SALCPairState()]
+    ctl = SalcDriver(sc.slo_ttft_s, sc.slo_tpot_s) if brownout else None
 
     def step_time(out: SchedulerOutput) -> float:
         pre = any(r.prefill for r in out.rows)
-        th = state["t_pre"] if pre else state["t_dec"]
-        return step(out.num_tokens, th)  # type: ignore[arg-type]
-
-    def on_step(now: float, out: SchedulerOutput, dt: float) -> None:
-        if salc is None:
-            return
-        pre = any(r.prefill for r in out.rows)
-        (state["pre"] if pre else state["dec"]).append((now, dt))  # type: ignore[union-attr]
-        if not pre:
-            state["area"] += dt * state["t_dec"]  # type: ignore[operator]
-            state["time"] += dt  # type: ignore[operator]
-        for key in ("pre", "dec"):
-            state[key] = [s for s in state[key] if now - s[0] < 5.0]  # type: ignore[union-attr]
-        _, pair[0] = salc.step(LatencySnapshot(now, state["pre"]),  # type: ignore[arg-type]
-                               LatencySnapshot(now, state["dec"]), pair[0])  # type: ignore[arg-type]
-        state["t_pre"] = pair[0].prefill.threshold
-        state["t_dec"] = pair[0].decode.threshold
+        th = 1.0 if ctl is None else (ctl.t_pre if pre else ctl.t_dec)
+        return step(out.num_tokens, th)
 
     load = spec.storage.bandwidth_bytes_per_s if spec.storage is not None else 1e9
-    cold = spec.startup.cold_start_s + model_bytes(sc.dims) / load
+    cold = _startup(spec) + model_bytes(sc.dims) / load
     tr = sc.traffic
     res = Fleet(step_time, max_seqs=MAX_SEQS, cold_s=cold, keep_alive_s=sc.keep_alive_s,
-                on_step=on_step).run(tr.times, tr.prompts, tr.outputs)
+                on_step=None if ctl is None else ctl.on_step
+                ).run(tr.times, tr.prompts, tr.outputs)
     mem = min(spec.memory_options_mb()[-1], max(spec.memory_options_mb()[0], 16384))
     per_s = spec.compute_cost(mem, 1.0, None, 1.0) * cards
     cost = res.alive_s * per_s + spec.request_cost(len(tr.arrivals))
@@ -135,9 +155,9 @@ def gpu_engine_row(sc: Scenario, brownout: bool = False) -> Row:
     row.notes.append(f"GPU emulated: {spec.gpu.model} roofline x {cards} card(s); an idle "
                      f"warm instance is billed; cold start {cold:.0f} s (weights loaded)")
     _fill(sc, row, res, cost, {"GPU instance time": cost}, res.alive_s * cards)
-    if brownout:
-        mean_t = state["area"] / state["time"] if state["time"] else 1.0  # type: ignore[operator]
-        row.accuracy_cost = accuracy_at(float(mean_t))
+    if ctl is not None:
+        mean_t = ctl.mean_decode_threshold
+        row.accuracy_cost = accuracy_at(mean_t)
         row.notes.append(f"mean decode threshold {mean_t:.2f} (SALC)")
     return row
 
@@ -208,7 +228,7 @@ def cpu_function_row(sc: Scenario) -> Row:
         return flops_tok * n / (rate * speed) + STEP_OVERHEAD_S
 
     load = spec.storage.bandwidth_bytes_per_s if spec.storage is not None else 1e9
-    cold = spec.startup.cold_start_s + model_bytes(d) / load
+    cold = _startup(spec) + model_bytes(d) / load
     limits = spec.limits
     tr = sc.traffic
     res = Fleet(step_time, max_seqs=CPU_SEQS, cold_s=cold, keep_alive_s=sc.keep_alive_s,

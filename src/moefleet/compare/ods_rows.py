@@ -15,6 +15,7 @@ from moefleet.compare.pipeline_common import profile_of, simulate_plan
 from moefleet.compare.rows import Row, absent
 from moefleet.compare.scenario import Scenario
 from moefleet.errors import MoefleetError
+from moefleet.plan.plan import DeploymentPlan
 
 
 def refined_routing(sc: Scenario, share: float = 0.1) -> np.ndarray:
@@ -27,7 +28,7 @@ def refined_routing(sc: Scenario, share: float = 0.1) -> np.ndarray:
     return post / post.sum(axis=1, keepdims=True)
 
 
-def _plan(sc: Scenario, planner: str, s_LE: np.ndarray):  # type: ignore[no-untyped-def]
+def _plan(sc: Scenario, planner: str, s_LE: np.ndarray) -> tuple[DeploymentPlan, float]:
     from moefleet.plan.problem import PlanningProblem
     from moefleet.plan.registry import get_planner
 

@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import math
 
+from moefleet.autoscale.base import FunctionConfig
 from moefleet.compare.pipeline_common import simulate_plan
 from moefleet.compare.rows import Row, absent
 from moefleet.compare.scenario import Scenario
 from moefleet.errors import MoefleetError
+from moefleet.plan.plan import DeploymentPlan
 
 EXPERT_MB = 2048
 REPLICAS = 2
 
 
-def _plan(sc: Scenario):  # type: ignore[no-untyped-def]
-    from moefleet.plan import DeploymentPlan
-
+def _plan(sc: Scenario) -> DeploymentPlan:
     d = sc.dims
     seg_mb = max(EXPERT_MB, sc.spec.memory_options_mb()[0])
     return DeploymentPlan.uniform(d.name, sc.spec.name, list(range(d.moe_layers)),
@@ -38,11 +38,9 @@ def _plan(sc: Scenario):  # type: ignore[no-untyped-def]
                                   else None, policy="static")
 
 
-def static_pop_initial(sc: Scenario, plan):  # type: ignore[no-untyped-def]
+def static_pop_initial(sc: Scenario, plan: DeploymentPlan) -> dict[str, FunctionConfig]:
     """Replicas per expert proportional to predicted popularity (same total as the
     uniform plan's, at least one each)."""
-    from moefleet.autoscale.base import FunctionConfig
-
     out = {}
     placement = plan.placement()
     for li, lp in enumerate(plan.layers):
