@@ -74,7 +74,12 @@ def compare_cmd(
     from moefleet.compare.run import run_compare
 
     con = out_console(as_json)
-    command = "moefleet " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    # rebuilt from the parsed options (not argv): what reproduces this run's rows
+    command = " ".join(shlex.quote(a) for a in (
+        "moefleet", "compare", "--model", model, "--traffic", traffic, "--platform",
+        platform, "--slo-ttft", f"{slo_ttft:g}", "--slo-tpot", f"{slo_tpot:g}",
+        "--duration", f"{duration:g}", "--rate-scale", f"{rate_scale:g}", "--seed",
+        str(seed), *(["--quick"] if quick else [])))
     with user_errors():
         if out is not None:
             check_out_dir(out)
@@ -82,7 +87,6 @@ def compare_cmd(
             raise MoefleetError("--measure is not available in this build",
                                 "run without --measure (simulated rows only)")
         platforms = [p.strip() for p in platform.split(",") if p.strip()]
-        err = out_console(False) if not as_json else con
 
         def say(msg: str) -> None:
             print(f"compare: {msg}", file=sys.stderr, flush=True)
@@ -93,7 +97,6 @@ def compare_cmd(
                           command=command)
         data = res.to_dict()
         written = write_outputs(data, out) if out is not None else []
-        _ = err
     if as_json:
         emit_json(data)
         return
