@@ -44,6 +44,38 @@ def table(data: dict[str, Any]) -> Any:
                      f"TPOT {i['slo_tpot_s']:g} s", cols, rows)
 
 
+def _measured_model(model: str) -> Any:
+    """The model ``--measure`` runs (a zoo model, built), else a one-line error."""
+    from moefleet.models import zoo
+
+    if not zoo.has_entry(model):
+        raise MoefleetError(f"--measure runs the model for real; '{model}' is an analytical "
+                            "shape this machine cannot run",
+                            "use --model tiny-moe-lm (or tiny-mixtral-random) with --measure")
+    from moefleet.cli.models import load_with_progress
+
+    return load_with_progress(model, False)
+
+
+def measured_table(data: dict[str, Any]) -> Any:
+    from moefleet.report.tables import Col, fit_table, sig3
+
+    cols = [Col("policy", numeric=False), Col("run"), Col("meas. $/1M"), Col("sim. $/1M"),
+            Col("cost ratio"), Col("meas. TPOT p95 s"), Col("sim. TPOT p95 s"),
+            Col("P95 ratio")]
+    rows = []
+    for m in data["measured"]:
+        for i, r in enumerate(m["runs"]):
+            if "error" in r:
+                rows.append([m["policy"], str(i + 1), "error", "-", "-", "-", "-", "-"])
+                continue
+            rows.append([m["policy"], str(i + 1), sig3(r["cost_per_1m_usd"]),
+                         sig3(m["simulated"]["cost_per_1m_usd"]), sig3(r["cost_ratio"]),
+                         sig3(r["tpot_p95_s"]), sig3(m["simulated"]["tpot_p95_s"]),
+                         sig3(r["tpot_p95_ratio"])])
+    return fit_table("measured (local backend) vs simulated, same requests", cols, rows)
+
+
 def compare_cmd(
     model: Annotated[str, typer.Option("--model", "-m", help="Model shape (e.g. "
                                        "deepseek-v2-lite, gpt2-moe, tiny-moe-lm).")] = "gpt2-moe",
@@ -83,9 +115,7 @@ def compare_cmd(
     with user_errors():
         if out is not None:
             check_out_dir(out)
-        if measure:
-            raise MoefleetError("--measure is not available in this build",
-                                "run without --measure (simulated rows only)")
+        adapter = _measured_model(model) if measure else None
         platforms = [p.strip() for p in platform.split(",") if p.strip()]
 
         def say(msg: str) -> None:
@@ -95,12 +125,20 @@ def compare_cmd(
                           slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, duration_s=duration,
                           rate_scale=rate_scale, seed=seed, quick=quick, say=say,
                           command=command)
+        if adapter is not None:
+            from moefleet.compare.measure import measure as run_measure
+
+            sc = res.built[0]
+            mine = [r for r in res.rows if r.platform == sc.spec.name]
+            res.measured = run_measure(sc, mine, measure, adapter, say=say)
         data = res.to_dict()
         written = write_outputs(data, out) if out is not None else []
     if as_json:
         emit_json(data)
         return
     con.print(table(data))
+    if data["measured"]:
+        con.print(measured_table(data))
     for r in data["rows"]:
         if r["absent"]:
             con.print(f"[dim]{r['policy']} ({r['platform']}): absent: {r['absent']}[/]")

@@ -40,12 +40,14 @@ class CompareResult:
     recommendation: str
     wall_s: float
     arrivals: dict[str, list[float]] = field(default_factory=dict)
+    built: list[Scenario] = field(default_factory=list, repr=False)  # not serialised
+    measured: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"inputs": self.inputs, "scenarios": self.scenarios,
                 "rows": [r.to_dict() for r in self.rows],
                 "recommendation": self.recommendation, "wall_s": self.wall_s,
-                "arrivals": self.arrivals}
+                "arrivals": self.arrivals, "measured": self.measured}
 
 
 def recommend(rows: list[Row]) -> str:
@@ -111,4 +113,4 @@ def run_compare(*, model: str, traffic: str, platforms: list[str], slo_ttft_s: f
                          time.perf_counter() - t0,
                          {"t_s": tr.times.round(3).tolist(),
                           "prompt_tokens": tr.prompts.tolist(),
-                          "output_tokens": tr.outputs.tolist()})
+                          "output_tokens": tr.outputs.tolist()}, scs)

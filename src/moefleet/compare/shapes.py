@@ -23,6 +23,7 @@ DEFAULT_MODEL = "gpt2-moe"
 
 
 def known_models() -> list[str]:
+    """Analytical shapes (any zoo model name is accepted too: its own sizes)."""
     return sorted({**SHAPES, **EXTRA})
 
 
@@ -31,6 +32,12 @@ def resolve_dims(name: str) -> ModelDims:
     table = {**SHAPES, **EXTRA}
     if name in table:
         return table[name]
+    from moefleet.models import zoo
+
+    if zoo.has_entry(name):  # a model this machine runs: its own sizes
+        from moefleet.models import load_adapter
+
+        return dims_from_adapter(load_adapter(name))
     close = difflib.get_close_matches(name, table, n=1)
     raise UnknownNameError(f"unknown model shape '{name}'",
                            (f"did you mean '{close[0]}'? " if close else "")
@@ -45,3 +52,17 @@ def model_bytes(d: ModelDims) -> float:
 def active_params_per_token(d: ModelDims) -> float:
     """Parameters one token multiplies: non-experts plus top-k experts per MoE layer."""
     return d.nonexpert_params + d.moe_layers * d.top_k * d.expert_params
+
+
+def dims_from_adapter(adapter: object) -> ModelDims:
+    """The shape of a loaded model (``adapter.summary()``), for models this machine runs:
+    sizes from its parameter bytes (fp32 as stored), SwiGLU experts (3 matrices)."""
+    s = adapter.summary()  # type: ignore[attr-defined]
+    per_param = 4
+    experts = max(s.num_experts)
+    layers = s.num_moe_layers
+    expert_params = s.expert_param_bytes / per_param / max(1, layers * experts)
+    ffn = max(1, round(expert_params / (3 * s.hidden_size)))
+    return ModelDims(s.name, layers, experts, s.top_k, s.hidden_size, ffn,
+                     s.non_expert_param_bytes / per_param,
+                     s.num_layers * 2 * s.hidden_size * 2.0)
