@@ -102,12 +102,13 @@ class Scenario:
 def build_scenario(model: str, platform: str, traffic: str, *, slo_ttft_s: float,
                    slo_tpot_s: float, duration_s: float, rate_scale: float = 1.0,
                    seed: int = 0, quick: bool = False, interval_s: float = 10.0,
-                   skew: float = 1.0) -> Scenario:
-    """Resolve every input (a bad one raises a one-line error before any work)."""
+                   skew: float = 1.0, dims: ModelDims | None = None) -> Scenario:
+    """Resolve every input (a bad one raises a one-line error before any work).
+    ``dims`` (optional) is the shape of ``model`` when the caller has it already."""
     for name, v in (("--slo-ttft", slo_ttft_s), ("--slo-tpot", slo_tpot_s)):
         if not (math.isfinite(v) and v > 0):
             raise MoefleetError(f"{name} must be > 0 seconds, got {v!r}", f"e.g. {name} 1.0")
-    dims = resolve_dims(model)
+    dims = dims or resolve_dims(model)
     spec = load_platform(platform)
     tr = load_traffic(traffic, duration_s, rate_scale=rate_scale, seed=seed,
                       interval_s=interval_s)
