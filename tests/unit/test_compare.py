@@ -4,6 +4,7 @@ the command end to end on a small shape (every policy, one table, one set of arr
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -151,3 +152,31 @@ def test_compare_unmeetable_slo_still_prints_the_table() -> None:
                               "1e-6"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert "no policy meets the SLO" in res.output and "closest:" in res.output
+
+
+@pytest.mark.parametrize("keep_alive, replicas, seqs", [(30.0, 3, 8), (math.inf, 1, 64),
+                                                         (5.0, 10, 2)])
+def test_fast_fleet_equals_the_per_token_fleet(keep_alive: float, replicas: int,
+                                               seqs: int) -> None:
+    """The strided fleet against the one driving the engine's real Scheduler: same cold
+    starts and replica time, latencies within one step."""
+    from moefleet.compare.fastfleet import FastFleet
+
+    rng = np.random.default_rng(0)
+    n = 120
+    times = np.sort(rng.uniform(0, 100, n))
+    prompts, outputs = rng.integers(1, 3000, n), rng.integers(1, 200, n)
+
+    def st(tokens: int, rows: int, pre: bool) -> float:
+        return 0.002 + 1e-5 * tokens + (0.01 if pre else 0.0)
+
+    a = Fleet(lambda out: st(out.num_tokens, len(out.rows), any(r.prefill for r in out.rows)),
+              max_seqs=seqs, cold_s=3.0, keep_alive_s=keep_alive,
+              max_replicas=replicas).run(times, prompts, outputs)
+    b = FastFleet(st, max_seqs=seqs, cold_s=3.0, keep_alive_s=keep_alive,
+                  max_replicas=replicas).run(times, prompts, outputs)
+    assert a.cold_starts == b.cold_starts
+    assert b.alive_s == pytest.approx(a.alive_s, rel=1e-3)
+    assert np.abs(a.ttft_s - b.ttft_s).max() < 0.05
+    assert np.abs(a.tpot_s - b.tpot_s).max() < 1e-3
+    assert abs(a.steps - b.steps) <= 0.01 * a.steps

@@ -1,7 +1,9 @@
 """Monolithic rows: one GPU engine scaled to zero, an always-on GPU server, CPU functions
 (one replica each) scaled on requests, and BrownoutServe's SALC on the GPU engine.
 
-Step time of a batch (``tokens`` through every layer, bf16 weights):
+The fleets are :class:`~moefleet.compare.fastfleet.FastFleet` (the engine scheduler's
+rule with decode strides; equal to the per-token ``Fleet`` over the real ``Scheduler``,
+tested). Step time of a batch (``tokens`` through every layer, bf16 weights):
 
     GPU: sum over layers of roofline(2 x active params x tokens, weights read) / cards
          where the weights read are the non-experts plus, per MoE layer, the distinct
@@ -27,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from moefleet.compare.fleet import Fleet, FleetResult
+from moefleet.compare.fastfleet import FastFleet
+from moefleet.compare.fleet import FleetResult
 from moefleet.compare.rows import Row, absent, fill_latency
 from moefleet.compare.scenario import Scenario
 from moefleet.compare.shapes import model_bytes
-from moefleet.engine.scheduler import SchedulerOutput
 from moefleet.platform.catalog import load_platform
 from moefleet.platform.specs import PlatformSpec
 from moefleet.profiles.gpu import GpuRoofline
@@ -58,10 +60,9 @@ class SalcDriver:
         self.dec: list[tuple[float, float]] = []
         self.area = self.time = 0.0
 
-    def on_step(self, now: float, out: SchedulerOutput, dt: float) -> None:
+    def on_step(self, now: float, pre: bool, dt: float) -> None:
         from moefleet.brownout.salc import LatencySnapshot
 
-        pre = any(r.prefill for r in out.rows)
         (self.pre if pre else self.dec).append((now, dt))
         if not pre:
             self.area += dt * self.t_dec
@@ -137,16 +138,15 @@ def gpu_engine_row(sc: Scenario, brownout: bool = False) -> Row:
     step = gpu_step(sc, GpuRoofline(), cards, order if brownout else None)
     ctl = SalcDriver(sc.slo_ttft_s, sc.slo_tpot_s) if brownout else None
 
-    def step_time(out: SchedulerOutput) -> float:
-        pre = any(r.prefill for r in out.rows)
+    def step_time(tokens: int, rows: int, pre: bool) -> float:
         th = 1.0 if ctl is None else (ctl.t_pre if pre else ctl.t_dec)
-        return step(out.num_tokens, th)
+        return step(tokens, th)
 
     load = spec.storage.bandwidth_bytes_per_s if spec.storage is not None else 1e9
     cold = _startup(spec) + model_bytes(sc.dims) / load
     tr = sc.traffic
-    res = Fleet(step_time, max_seqs=MAX_SEQS, cold_s=cold, keep_alive_s=sc.keep_alive_s,
-                on_step=None if ctl is None else ctl.on_step
+    res = FastFleet(step_time, max_seqs=MAX_SEQS, cold_s=cold,
+                    keep_alive_s=sc.keep_alive_s, on_step=None if ctl is None else ctl.on_step
                 ).run(tr.times, tr.prompts, tr.outputs)
     mem = min(spec.memory_options_mb()[-1], max(spec.memory_options_mb()[0], 16384))
     per_s = spec.compute_cost(mem, 1.0, None, 1.0) * cards
@@ -194,8 +194,8 @@ def gpu_server_row(sc: Scenario) -> Row:
                       f"the model needs {cards} x 80 GB cards, the server has {h.gpus}", cmd)
     step = gpu_step(sc, A100, 1)
     tr = sc.traffic
-    res = Fleet(lambda out: step(out.num_tokens), max_seqs=MAX_SEQS, cold_s=0.0,
-                keep_alive_s=math.inf).run(tr.times, tr.prompts, tr.outputs)
+    res = FastFleet(lambda tokens, rows, pre: step(tokens), max_seqs=MAX_SEQS, cold_s=0.0,
+                    keep_alive_s=math.inf).run(tr.times, tr.prompts, tr.outputs)
     wall = max(res.makespan_s, sc.duration_s)
     cost = srv.hourly_billed_s(wall) * h.price_per_hour / 3600.0
     row = Row("mono-gpu-server", "monolithic", srv.name, fidelity="emulated", command=cmd)
@@ -222,17 +222,16 @@ def cpu_function_row(sc: Scenario) -> Row:
     flops_tok = 2.0 * (d.nonexpert_params + d.moe_layers * d.top_k * d.expert_params)
     t = sc.timing
 
-    def step_time(out: SchedulerOutput) -> float:
-        n = out.num_tokens
-        rate = t.cpu_flops_1 if n <= len(out.rows) else t.cpu_flops_batch
+    def step_time(n: int, rows: int, pre: bool) -> float:
+        rate = t.cpu_flops_1 if n <= rows else t.cpu_flops_batch
         return flops_tok * n / (rate * speed) + STEP_OVERHEAD_S
 
     load = spec.storage.bandwidth_bytes_per_s if spec.storage is not None else 1e9
     cold = _startup(spec) + model_bytes(d) / load
     limits = spec.limits
     tr = sc.traffic
-    res = Fleet(step_time, max_seqs=CPU_SEQS, cold_s=cold, keep_alive_s=sc.keep_alive_s,
-                max_replicas=limits.max_replicas if limits is not None else 1000
+    res = FastFleet(step_time, max_seqs=CPU_SEQS, cold_s=cold, keep_alive_s=sc.keep_alive_s,
+                    max_replicas=limits.max_replicas if limits is not None else 1000
                 ).run(tr.times, tr.prompts, tr.outputs)
     cost = spec.compute_cost(mem, res.alive_s) + spec.request_cost(len(tr.arrivals))
     row = Row("mono-cpu-hpa", "monolithic", spec.name, command=cmd)

@@ -37,6 +37,19 @@ def profile_of(sc: Scenario) -> ComputeProfile:
                           bytes_per_token=d.hidden * FP32, machine={"estimated": True})
 
 
+WORK = 150_000  # layer-passes (requests x (1 + output tokens) x MoE layers) per row
+QUICK_WORK = 20_000
+
+
+def work_cap(sc: Scenario) -> int:
+    """How many of the first requests a pipeline row simulates: every expert call is an
+    event, so the bound is on layer-passes (at least 5 requests)."""
+    per = (sc.traffic.outputs + 1) * sc.dims.moe_layers
+    budget = QUICK_WORK if sc.quick else WORK
+    n = int(np.searchsorted(np.cumsum(per), budget, side="right"))
+    return max(5, n)
+
+
 def simulate_plan(sc: Scenario, plan: Any, row: Row, *, policy: Any = None,
                   scaling: str = "on-demand", initial: Any = None,
                   prewarm: bool = False, pod_mb: int | None = None,
@@ -53,7 +66,7 @@ def simulate_plan(sc: Scenario, plan: Any, row: Row, *, policy: Any = None,
                     prewarm=prewarm)
     sim = Simulator(plan, profile_of(sc), sc.spec, router=router, config=cfg, policy=policy,
                     seed=sc.seed, initial=initial)
-    cap = 60 if sc.quick else 400  # a function pipeline simulates every call: bounded
+    cap = work_cap(sc)
     arrivals, horizon = tr.arrivals, sc.duration_s
     if len(arrivals) > cap:
         horizon = arrivals[cap].t_s

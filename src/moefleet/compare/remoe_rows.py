@@ -100,7 +100,7 @@ def simulate_layout(sc: Scenario, p: RemoeProblem, res: Any, row: Row) -> Row:
     tr = sc.traffic
     prompts, outputs, times = tr.prompts, tr.outputs, tr.times
     n = len(times)
-    k = min(n, 8 if sc.quick else 24)
+    k = min(n, 6 if sc.quick else 12)
     rng = np.random.default_rng(sc.seed + 3)
     picks = np.sort(rng.choice(n, size=k, replace=False))
     gran = sc.spec.billing.granularity_ms / 1000.0 if sc.spec.billing is not None else 0.0
