@@ -37,14 +37,15 @@ def profile_of(sc: Scenario) -> ComputeProfile:
                           bytes_per_token=d.hidden * FP32, machine={"estimated": True})
 
 
-WORK = 150_000  # layer-passes (requests x (1 + output tokens) x MoE layers) per row
-QUICK_WORK = 20_000
+# expert-passes per row: requests x (1 + output tokens) x MoE layers x experts
+WORK = 2_000_000
+QUICK_WORK = 300_000
 
 
 def work_cap(sc: Scenario) -> int:
     """How many of the first requests a pipeline row simulates: every expert call is an
-    event, so the bound is on layer-passes (at least 5 requests)."""
-    per = (sc.traffic.outputs + 1) * sc.dims.moe_layers
+    event, so the bound is on expert-passes (at least 5 requests)."""
+    per = (sc.traffic.outputs + 1) * sc.dims.moe_layers * sc.dims.experts
     budget = QUICK_WORK if sc.quick else WORK
     n = int(np.searchsorted(np.cumsum(per), budget, side="right"))
     return max(5, n)

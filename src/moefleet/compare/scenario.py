@@ -16,13 +16,14 @@ Invariants: both matrices are (MoE layers x experts), rows sum to 1, every entry
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from moefleet.compare.shapes import resolve_dims
+from moefleet.compare.shapes import ENCODERS, resolve_dims
 from moefleet.compare.traffic import Traffic, load_traffic
 from moefleet.errors import MoefleetError
 from moefleet.plan.remoe.shapes import ModelDims, Timing, measure_cpu
@@ -115,7 +116,12 @@ def build_scenario(model: str, platform: str, traffic: str, *, slo_ttft_s: float
     if not tr.arrivals:
         raise MoefleetError(f"traffic '{traffic}' has no arrivals in {duration_s:g} s",
                             "pass a longer --duration or a larger --rate-scale")
+    notes = []
+    if dims.name in ENCODERS:  # an encoder runs one pass per request: no decode
+        tr = Traffic(tr.spec, [dataclasses.replace(a, output_tokens=1) for a in tr.arrivals],
+                     tr.duration_s, {**tr.described, "outputs": "1 (encoder model)"})
+        notes.append(f"{dims.name} is an encoder: every request is one pass (TPOT n/a)")
     real = skewed_routing(dims, skew, seed)
     pred = predicted_routing(real, dims.top_k, 2048, seed)
     return Scenario(model, dims, spec, tr, slo_ttft_s, slo_tpot_s, timing_for(dims), real,
-                    pred, seed, quick, interval_s, skew=skew)
+                    pred, seed, quick, interval_s, skew=skew, notes=notes)

@@ -20,6 +20,7 @@ EXTRA: dict[str, ModelDims] = {
 }
 
 DEFAULT_MODEL = "gpt2-moe"
+ENCODERS: set[str] = set()  # zoo models seen here that do not generate (one pass each)
 
 
 def known_models() -> list[str]:
@@ -58,6 +59,8 @@ def dims_from_adapter(adapter: object) -> ModelDims:
     """The shape of a loaded model (``adapter.summary()``), for models this machine runs:
     sizes from its parameter bytes (fp32 as stored), SwiGLU experts (3 matrices)."""
     s = adapter.summary()  # type: ignore[attr-defined]
+    if not s.causal:
+        ENCODERS.add(s.name)
     per_param = 4
     experts = max(s.num_experts)
     layers = s.num_moe_layers
