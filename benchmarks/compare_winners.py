@@ -65,7 +65,14 @@ def main() -> None:
             lines.append(f"| {model} | {traffic} | " + " | ".join(wins)
                          + f" | {time.perf_counter() - t0:.0f} |")
             print(lines[-1], flush=True)
-    write_text_atomic(OUT / "winners.md", "\n".join(lines) + "\n")
+    # merge with the rows of earlier runs (other models or traffics)
+    old = OUT / "winners.md"
+    done = {tuple(c.strip() for c in ln.split("|")[1:3]) for ln in lines[2:]}
+    if old.is_file():
+        for ln in old.read_text().splitlines()[2:]:
+            if tuple(c.strip() for c in ln.split("|")[1:3]) not in done:
+                lines.append(ln)
+    write_text_atomic(old, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

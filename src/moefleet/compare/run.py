@@ -18,6 +18,7 @@ from moefleet.compare.scenario import Scenario, build_scenario
 from moefleet.errors import MoefleetError
 
 Say = Callable[[str], None]
+MAX_LISTED = 5000  # arrivals whose lengths the JSON lists one by one
 Stage = Callable[[Scenario], list[Row]]
 
 
@@ -109,8 +110,9 @@ def run_compare(*, model: str, traffic: str, platforms: list[str], slo_ttft_s: f
               "slo_ttft_s": slo_ttft_s, "slo_tpot_s": slo_tpot_s, "duration_s": duration_s,
               "rate_scale": rate_scale, "seed": seed, "quick": quick, "command": command}
     tr = scs[0].traffic
+    arrivals: dict[str, Any] = {"t_s": tr.times.round(3).tolist()}
+    if len(tr.arrivals) <= MAX_LISTED:  # lengths per request; beyond, the command
+        arrivals.update(prompt_tokens=tr.prompts.tolist(),  # reproduces them
+                        output_tokens=tr.outputs.tolist())
     return CompareResult(inputs, [sc.describe() for sc in scs], rows, recommend(rows),
-                         time.perf_counter() - t0,
-                         {"t_s": tr.times.round(3).tolist(),
-                          "prompt_tokens": tr.prompts.tolist(),
-                          "output_tokens": tr.outputs.tolist()}, scs)
+                         time.perf_counter() - t0, arrivals, scs)
