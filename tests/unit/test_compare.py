@@ -180,3 +180,9 @@ def test_fast_fleet_equals_the_per_token_fleet(keep_alive: float, replicas: int,
     assert np.abs(a.ttft_s - b.ttft_s).max() < 0.05
     assert np.abs(a.tpot_s - b.tpot_s).max() < 1e-3
     assert abs(a.steps - b.steps) <= 0.01 * a.steps
+
+
+def test_recommend_monolithic_winner_names_the_next_and_their_terms() -> None:
+    text = recommend([_row("mono", 1.0, 0.99, "monolithic"), _row("r", 2.0, 0.95)])
+    assert text.startswith("cheapest meeting the SLO: mono ")
+    assert "next r at $2 pays mostly for GPU instance time" in text

@@ -69,13 +69,22 @@ def recommend(rows: list[Row]) -> str:
     if mono and win.family != "monolithic":
         ref = mono[0]
         ratio = (ref.cost_per_1m or 0) / max(win.cost_per_1m or 1e-300, 1e-300)
-        top = max(ref.bill.items(), key=lambda kv: kv[1], default=("its bill", 0.0))
+        top = _top(ref)
         text += (f", {ratio:.3g}x cheaper than {ref.policy}: it saves on "
                  f"{top[0]} (${top[1]:.3g} there)")
     elif len(ok) > 1:
         nxt = ok[1]
-        text += f" (next: {nxt.policy}, ${nxt.cost_per_1m:.3g})"
+        w_term = _top(win)
+        n_term = _top(nxt)
+        text += (f"; next {nxt.policy} at ${nxt.cost_per_1m:.3g} pays mostly for "
+                 f"{n_term[0]} (${n_term[1]:.3g}), {win.policy} for {w_term[0]} "
+                 f"(${w_term[1]:.3g})")
     return text
+
+
+def _top(row: Row) -> tuple[str, float]:
+    """A row's largest bill term (name, USD)."""
+    return max(row.bill.items(), key=lambda kv: kv[1], default=("its bill", 0.0))
 
 
 def run_compare(*, model: str, traffic: str, platforms: list[str], slo_ttft_s: float,
