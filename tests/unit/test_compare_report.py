@@ -63,7 +63,7 @@ def test_report_table_rows_equal_the_json(folder: Path) -> None:
     data = json.loads((folder / "results.json").read_text())
     parsed = _Rows()
     parsed.feed(page)
-    assert len(parsed.rows) == len(data["rows"]) >= 40  # two platforms
+    assert len(parsed.rows) == len(data["rows"]) >= 39  # two platforms, one server
     for (attrs, cells), row in zip(parsed.rows, data["rows"], strict=True):
         assert attrs["data-policy"] == row["policy"]
         assert attrs["data-platform"] == row["platform"]

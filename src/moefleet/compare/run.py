@@ -109,7 +109,9 @@ def run_compare(*, model: str, traffic: str, platforms: list[str], slo_ttft_s: f
                 got = stage(sc)
             except MoefleetError as err:  # one family failing leaves the others
                 got = [absent(label, label.lower(), sc.spec.name, err.message)]
-            rows.extend(got)
+            seen = {(r.policy, r.platform) for r in rows}
+            # the rented server is the same row whichever serverless platform is compared
+            rows.extend(r for r in got if (r.policy, r.platform) not in seen)
     for r in rows:
         if not r.command:
             r.command = command
