@@ -186,3 +186,16 @@ def test_recommend_monolithic_winner_names_the_next_and_their_terms() -> None:
     text = recommend([_row("mono", 1.0, 0.99, "monolithic"), _row("r", 2.0, 0.95)])
     assert text.startswith("cheapest meeting the SLO: mono ")
     assert "next r at $2 pays mostly for GPU instance time" in text
+
+
+def test_salc_driver_lowers_the_prefill_threshold_on_slow_ttft() -> None:
+    from moefleet.compare.engine_rows import SalcDriver, accuracy_at
+
+    ctl = SalcDriver(slo_ttft_s=1.0, slo_tpot_s=0.1)
+    for k in range(1, 30):
+        ctl.on_step(float(k), True, 0.5, [5.0])  # every TTFT 5x the SLO
+        ctl.on_step(k + 0.5, False, 0.01, [])  # decode well within its SLO
+    assert ctl.t_pre < 0.1 and ctl.t_dec == 1.0
+    assert ctl.mean_prefill_threshold < 0.5 and ctl.mean_decode_threshold == 1.0
+    assert accuracy_at(1.0) == "none"
+    assert accuracy_at(ctl.mean_prefill_threshold) != "none"

@@ -27,7 +27,8 @@ from moefleet.compare.fleet import FleetResult
 
 # (tokens in the step, rows, whether any row computes prompt tokens) -> seconds
 StepFn = Callable[[int, int, bool], float]
-OnStep = Callable[[float, bool, float], None]
+# (step end, any prompt rows, step seconds, TTFTs of the requests whose first token it made)
+OnStep = Callable[[float, bool, float, list[float]], None]
 
 
 @dataclass
@@ -106,12 +107,14 @@ class FastFleet:
                 if self.on_step is not None:
                     stride = min(stride, max(1, int(self.ctl_s / dt)))
             end = s + stride * dt
+            ttfts: list[float] = []
             for i, k in rows:
                 if p_left[i] > 0:
                     p_left[i] -= k
                     if p_left[i] == 0:
                         first[i] = end
                         o_left[i] -= 1
+                        ttfts.append(end - float(times[i]))
                 else:
                     o_left[i] -= stride
             r.busy = True
@@ -119,7 +122,7 @@ class FastFleet:
             order += 1
             heapq.heappush(events, (end, order, ri))
             if self.on_step is not None:
-                self.on_step(end, prefill, dt)
+                self.on_step(end, prefill, dt, ttfts)
 
         def end_step(ri: int, t: float) -> None:
             r = reps[ri]
