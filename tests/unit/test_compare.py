@@ -199,3 +199,19 @@ def test_salc_driver_lowers_the_prefill_threshold_on_slow_ttft() -> None:
     assert ctl.mean_prefill_threshold < 0.5 and ctl.mean_decode_threshold == 1.0
     assert accuracy_at(1.0) == "none"
     assert accuracy_at(ctl.mean_prefill_threshold) != "none"
+
+
+def test_cpu_timing_is_measured_once_and_cached(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from moefleet.compare import scenario
+    from moefleet.compare.shapes import resolve_dims
+
+    monkeypatch.setenv("MOEFLEET_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(scenario, "_TIMING", {})
+    d = resolve_dims("tiny-moe-lm")
+    first = scenario.timing_for(d)
+    files = list((tmp_path / "compare").glob("timing-tiny-moe-lm-*.json"))
+    assert len(files) == 1
+    monkeypatch.setattr(scenario, "_TIMING", {})
+    monkeypatch.setattr(scenario, "measure_cpu", lambda *a, **k: pytest.fail("re-measured"))
+    assert scenario.timing_for(d) == first

@@ -17,6 +17,7 @@ Invariants: both matrices are (MoE layers x experts), rows sum to 1, every entry
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,10 +35,28 @@ _TIMING: dict[str, Timing] = {}
 
 
 def timing_for(dims: ModelDims) -> Timing:
-    """CPU FLOP rates at this shape's expert size, measured once per process."""
-    if dims.name not in _TIMING:
-        _TIMING[dims.name] = measure_cpu(dims, repeats=7)
-    return _TIMING[dims.name]
+    """CPU FLOP rates at this shape's expert size: measured once per machine and cached
+    (``<cache>/compare/timing-<shape>.json``), so that two runs of one command agree (a
+    measurement on a loaded machine moves every CPU row; delete the file to re-measure)."""
+    if dims.name in _TIMING:
+        return _TIMING[dims.name]
+    from moefleet.io import write_json_atomic
+    from moefleet.paths import cache_dir
+
+    size = f"{dims.hidden}x{dims.expert_intermediate}"
+    path = cache_dir() / "compare" / f"timing-{dims.name}-{size}.json"
+    t: Timing | None = None
+    if path.is_file():
+        try:
+            t = Timing(**json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            t = None  # a damaged cache file is measured again
+    if t is None:
+        t = measure_cpu(dims, repeats=7)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, t.to_dict())
+    _TIMING[dims.name] = t
+    return t
 
 
 def skewed_routing(dims: ModelDims, skew: float, seed: int) -> np.ndarray:
