@@ -16,6 +16,7 @@ import typer
 from moefleet.cli import autoscale as _autoscale
 from moefleet.cli import bench as _bench
 from moefleet.cli import brownout as _brownout
+from moefleet.cli import compare as _compare
 from moefleet.cli import demo as _demo
 from moefleet.cli import export as _export
 from moefleet.cli import generate as _generate
@@ -26,6 +27,7 @@ from moefleet.cli import platforms as _platforms
 from moefleet.cli import predict as _predict
 from moefleet.cli import profile as _profile
 from moefleet.cli import profile_compute as _profile_compute
+from moefleet.cli import report as _report
 from moefleet.cli import runtime as _runtime
 from moefleet.cli import serve as _serve
 from moefleet.cli import simulate as _simulate
@@ -55,6 +57,8 @@ app.command("demo")(_demo.demo_cmd)
 app.command("deploy")(_runtime.deploy_cmd)
 app.command("run")(_runtime.run_cmd)
 app.command("simulate")(_simulate.simulate_cmd)
+app.command("compare")(_compare.compare_cmd)
+app.command("report")(_report.report_cmd)
 app.command("export")(_export.export_cmd)
 app.command("generate")(_generate.generate_cmd)
 app.command("serve")(_serve.serve_cmd)
