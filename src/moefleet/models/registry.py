@@ -115,8 +115,6 @@ def check_model_dir(path: Path) -> str:
 def _finite(adapter: MoEModelAdapter, where: Path) -> MoEModelAdapter:
     """Refuse weights holding NaN or infinity: they would generate '' or NaN scores
     without any error (one pass over the weights, each tensor read once)."""
-    import torch
-
     for name, p in adapter.model.named_parameters():
         if p.is_floating_point() and not bool(torch.isfinite(p).all()):
             raise DataError(f"the weights in {where} hold NaN or infinite values ({name})",
