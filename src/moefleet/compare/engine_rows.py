@@ -62,7 +62,7 @@ class SalcDriver:
         self.area = self.time = self.area_pre = self.time_pre = 0.0
 
     def on_step(self, now: float, pre: bool, dt: float, ttfts: list[float]) -> None:
-        from moefleet.brownout.salc import LatencySnapshot
+        from moefleet.brownout.salc import LatencyWindow
 
         self.pre.extend((now, t) for t in ttfts)
         if not pre:
@@ -74,8 +74,7 @@ class SalcDriver:
             self.time_pre += dt
         self.pre = [x for x in self.pre if now - x[0] < 5.0]
         self.dec = [x for x in self.dec if now - x[0] < 5.0]
-        _, self.state = self.salc.step(LatencySnapshot(now, self.pre),
-                                       LatencySnapshot(now, self.dec), self.state)
+        _, self.state = self.salc.decide(LatencyWindow(now, self.pre, self.dec), self.state)
         self.t_pre, self.t_dec = self.state.prefill.threshold, self.state.decode.threshold
 
     @property

@@ -65,7 +65,7 @@ def simulate_plan(sc: Scenario, plan: Any, row: Row, *, policy: Any = None,
                     ttft_slo_s=sc.slo_ttft_s, tpot_slo_s=sc.slo_tpot_s,
                     slo_s=None, interval_s=sc.interval_s, keep_requests=True,
                     prewarm=prewarm)
-    sim = Simulator(plan, profile_of(sc), sc.spec, router=router, config=cfg, policy=policy,
+    sim = Simulator(plan, profile_of(sc), sc.spec, router=router, config=cfg, controller=policy,
                     seed=sc.seed, initial=initial)
     cap = work_cap(sc)
     arrivals, horizon = tr.arrivals, sc.duration_s

@@ -103,14 +103,13 @@ def simulate_layout(sc: Scenario, p: RemoeProblem, res: Any, row: Row) -> Row:
     k = min(n, 6 if sc.quick else 12)
     rng = np.random.default_rng(sc.seed + 3)
     picks = np.sort(rng.choice(n, size=k, replace=False))
-    gran = sc.spec.billing.granularity_ms / 1000.0 if sc.spec.billing is not None else 0.0
     pre, tpot, cost, main_cost, gpu_s = [], [], [], [], []
     cold_s = 0.0
     remote_cold = 0
     for j, i in enumerate(picks):
         q = dataclasses.replace(p, n_in=int(prompts[i]), n_out=int(outputs[i]))
         out = RemoeSimulator(q, res.layout, seed=sc.seed + j, keep_alive_s=sc.keep_alive_s,
-                             billing_granularity_s=gran, s_LE=sc.real_LE).run([0.0])
+                             billing=sc.spec.billing, s_LE=sc.real_LE).run([0.0])
         pre.append(out.prefill_s[0])
         tpot.append(out.tpot_s[0])
         cost.append(out.cost_usd)
