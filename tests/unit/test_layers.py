@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "moefleet"
 LAYERS: list[tuple[str, ...]] = [
     ("__main__",),
     ("cli",),
-    ("demo", "experiments"),
+    ("compare", "demo", "experiments"),
     ("calibration",),
     ("serve",),
     ("remoe",),

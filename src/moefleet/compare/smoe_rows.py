@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 
-from moefleet.autoscale.base import FunctionConfig
 from moefleet.compare.pipeline_common import simulate_plan
 from moefleet.compare.rows import Row, absent
 from moefleet.compare.scenario import Scenario
+from moefleet.control import FunctionConfig
 from moefleet.errors import MoefleetError
 from moefleet.plan.plan import DeploymentPlan
 
