@@ -139,6 +139,11 @@ def compare_cmd(
     con.print(table(data))
     if data["measured"]:
         con.print(measured_table(data))
+        for m in data["measured"]:
+            for i, r in enumerate(m["runs"]):
+                if "error" in r:
+                    con.print(f"{m['policy']} run {i + 1} failed: {r['error']}",
+                              highlight=False)
     for r in data["rows"]:
         if r["absent"]:
             con.print(f"[dim]{r['policy']} ({r['platform']}): absent: {r['absent']}[/]")

@@ -100,12 +100,15 @@ def run_real(sc: Scenario, policy: str, adapter: Any, *, salc: bool) -> dict[str
     ttft = [o.times.ttft_s for o in run.outputs if o.times and o.times.ttft_s is not None]
     tpot = [o.times.tpot_s for o in run.outputs if o.times and o.times.tpot_s is not None]
     out_tokens = sum(len(o.new_token_ids) for o in run.outputs)
+    errors = [o.error for o in run.outputs if o.error]
+    if errors and not out_tokens:  # nothing ran: a $0 bill would read as a free policy
+        return {"error": f"{len(errors)} of {len(run.outputs)} requests failed: {errors[0]}"}
     return {"cost_usd": run.total_usd, "output_tokens": out_tokens,
             "cost_per_1m_usd": run.total_usd / max(out_tokens, 1) * 1e6,
             "ttft_p95_s": float(np.percentile(ttft, 95)) if ttft else None,
             "tpot_p95_s": float(np.percentile(tpot, 95)) if tpot else None,
             "wall_s": time.perf_counter() - t0, "notes": notes,
-            "errors": [o.error for o in run.outputs if o.error]}
+            "errors": errors}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
