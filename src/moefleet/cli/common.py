@@ -133,6 +133,7 @@ class PlainProgress(Progress):
         super().__init__(*columns, **kw)
         self._every_s = every_s
         self._last: dict[Any, tuple[float, str]] = {}
+        self._done: set[Any] = set()
 
     def _say(self, task_id: Any, force: bool = False) -> None:
         task = self._tasks.get(task_id)
@@ -140,7 +141,12 @@ class PlainProgress(Progress):
             return
         now = time.monotonic()
         last_t, last_desc = self._last.get(task_id, (-1e18, ""))
-        if not force and task.description == last_desc and now - last_t < self._every_s:
+        done = task.total is not None and task.completed >= task.total
+        if done:  # the last line always says the work finished, even a short one
+            if task_id in self._done:
+                return
+            self._done.add(task_id)
+        elif not force and task.description == last_desc and now - last_t < self._every_s:
             return
         self._last[task_id] = (now, task.description)
         total = f"/{task.total:g}" if task.total is not None else ""

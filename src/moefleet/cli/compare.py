@@ -21,7 +21,7 @@ from moefleet.errors import MoefleetError
 def table(data: dict[str, Any]) -> Any:
     from moefleet.report.tables import Col, fit_table, sig3
 
-    cols = [Col("policy", numeric=False), Col("platform", numeric=False, drop=6),
+    cols = [Col("policy", numeric=False), Col("platform", numeric=False),
             Col("$/1M out", drop=0), Col("TTFT p50 s", drop=5), Col("TTFT p95 s"),
             Col("TPOT p50 s", drop=4), Col("TPOT p95 s"), Col("SLO %"),
             Col("cold", drop=3), Col("GPU-s", drop=2), Col("acc. cost", numeric=False,

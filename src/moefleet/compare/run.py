@@ -64,7 +64,7 @@ def recommend(rows: list[Row]) -> str:
                 f"${best.cost_per_1m:.3g} per 1M output tokens)")
     win = ok[0]
     text = (f"cheapest meeting the SLO: {win.policy} on {win.platform} at "
-            f"${win.cost_per_1m:.3g} per 1M output tokens")
+            f"${win.cost_per_1m:.3g} per 1M output tokens ({win.fidelity})")
     mono = [r for r in ok if r.family == "monolithic" and r is not win]
     if mono and win.family != "monolithic":
         ref = mono[0]
