@@ -143,11 +143,18 @@ def create_app(engine: Engine | OpenedEngine, *, model_name: str, api_key: str |
     v1 = APIRouter(dependencies=[Depends(check_key)])
     v1.include_router(openai_router())
 
+    created = int(time.time())
+    card = {"id": model_name, "object": "model", "created": created, "owned_by": "moefleet",
+            "max_model_len": state.max_model_len}
+
     @v1.get("/v1/models", responses=ERROR_RESPONSES)
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{
-            "id": model_name, "object": "model", "created": int(time.time()),
-            "owned_by": "moefleet", "max_model_len": state.max_model_len}]}
+        return {"object": "list", "data": [card]}
+
+    @v1.get("/v1/models/{model_id:path}", responses=ERROR_RESPONSES)
+    async def model(model_id: str) -> dict[str, Any]:
+        state.check_model(model_id)  # 404 in OpenAI's shape for any other name
+        return card
 
     app.include_router(v1)
     _open_routes(app, state)
@@ -166,6 +173,9 @@ def _open_routes(app: FastAPI, state: ServeState) -> None:
         except APIError as err:
             return JSONResponse(error_body(503, err.message, code=err.code), status_code=503)
         return JSONResponse({"status": "ok"})
+
+    # HEAD: what load balancers' health checks send (uvicorn drops the body)
+    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
 
     @app.get("/metrics", response_class=Response,
              responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
