@@ -55,15 +55,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def running(engine: Any = None, **kw: Any) -> Iterator[Server]:
+def running(engine: Any = None, *, limits: Any = None, **kw: Any) -> Iterator[Server]:
+    """A server in a thread, as ``serve`` builds it (``limits``: ConnectionLimits)."""
     import uvicorn
 
     from moefleet.serve import create_app
+    from moefleet.serve.connections import uvicorn_config
 
     app = create_app(engine or tiny_engine(), model_name=MODEL, **kw)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn_config(app, port=port, limits=limits))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
