@@ -62,6 +62,8 @@ def running(engine: Any = None, *, limits: Any = None, **kw: Any) -> Iterator[Se
     from moefleet.serve import create_app
     from moefleet.serve.connections import uvicorn_config
 
+    if limits is not None:  # the body timeout is the app's (BodyLimit), the rest uvicorn's
+        kw.setdefault("body_timeout_s", limits.body_timeout_s)
     app = create_app(engine or tiny_engine(), model_name=MODEL, **kw)
     port = free_port()
     server = uvicorn.Server(uvicorn_config(app, port=port, limits=limits))

@@ -32,6 +32,7 @@ DEFAULT_HEAD_TIMEOUT_S = 10.0
 DEFAULT_MAX_HEAD_KB = 32
 DEFAULT_BODY_TIMEOUT_S = 30.0
 DEFAULT_KEEP_ALIVE_S = 5
+LINGER_S = 2.0  # after refusing a connection, how long its client may still send
 PROBE_AGAIN_S = 0.5  # after a FIN mid-request: the second probe, once a reset can be back
 
 
@@ -150,15 +151,26 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
                 self.transport.close()  # an idle connection that never sent a byte
 
         def _refuse(self, status: bytes, message: str) -> None:
+            """Reply and close gracefully: our side first, then theirs after a linger.
+            Closing outright while the client still sends would answer its next bytes
+            with a reset, which can destroy the reply before the client reads it."""
             if self._refused or self.transport.is_closing():
                 return
             self._refused = True
+            self._cancel_head_timer()
             self.transport.write(_raw_reply(status, message))
-            self.transport.close()
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.loop.call_later(LINGER_S, self._close)
+
+        def _close(self) -> None:
+            if not self.transport.is_closing():
+                self.transport.close()
 
         def send_400_response(self, msg: str) -> None:
-            if not self._refused:  # not after our own 431 (the parser error it caused)
-                super().send_400_response(msg)
+            # uvicorn's own 400 (a request it cannot parse), in OpenAI's shape; after our
+            # 431 the parser error it caused needs no second reply
+            self._refuse(b"400 Bad Request", "invalid HTTP request")
 
         def data_received(self, data: bytes) -> None:
             if not self._refused:
@@ -166,6 +178,8 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
 
         # -- half-close: answer, then close ----------------------------------------------
         def eof_received(self) -> bool | None:  # type: ignore[override]
+            if self._refused:
+                return None  # the client has read our refusal and closed: so do we
             cycle = self.cycle
             if cycle is not None and not cycle.response_complete and not cycle.more_body:
                 # A FIN looks the same whether the client half-closed (and waits for the
