@@ -131,34 +131,35 @@ def serve_cmd(
 
         load_platform(platform)  # a bad --platform fails before the model loads, too
         sock = bind(host, port)  # a port in use fails before the model loads, too
-        from moefleet.models.registry import load_adapter
+        with sock:  # closed on every way out, errors included
+            from moefleet.models.registry import load_adapter
 
-        adapter = load_adapter(model)
-        name = served_name or (adapter.name if os.path.isdir(os.path.expanduser(model))
-                               else model)
-        app_kw = {"model_name": name, "api_key": key, "max_waiting": max_waiting,
-                  "max_body_bytes": max_body_kb * 1024, "slo_ttft_s": slo_ttft,
-                  "slo_tpot_s": slo_tpot, "step_timeout_s": step_timeout,
-                  "admission": admission, "max_per_client": max_per_client,
-                  "admission_wait_s": admission_wait, "body_timeout_s": body_timeout}
-        bound = sock.getsockname()[1]
-        from moefleet.serve.connections import uvicorn_config
-        served = False
-        try:
-            with open_cli_engine(adapter, args, model_ref=model,
-                                 billing=Billing(platform, memory_mb)) as opened:
-                app = create_app(opened, **app_kw)  # type: ignore[arg-type]
-                served = True
-                for note in opened.notes:
-                    err_console.print(f"note: {note}", highlight=False)
-                sock.listen(2048)  # from here on clients queue instead of being refused
-                err_console.print(_banner(args, opened, name, host, bound, key),
-                                  highlight=False)
-                uvicorn.Server(uvicorn_config(app, host=host, port=bound, limits=limits)
-                               ).run(sockets=[sock])
-        finally:  # uvicorn re-raises SIGTERM/SIGINT after its shutdown; the with-block ran
-            if served and args.plan is not None:
-                err_console.print("stopped; deployment torn down", highlight=False)
+            adapter = load_adapter(model)
+            name = served_name or (adapter.name if os.path.isdir(os.path.expanduser(model))
+                                   else model)
+            app_kw = {"model_name": name, "api_key": key, "max_waiting": max_waiting,
+                      "max_body_bytes": max_body_kb * 1024, "slo_ttft_s": slo_ttft,
+                      "slo_tpot_s": slo_tpot, "step_timeout_s": step_timeout,
+                      "admission": admission, "max_per_client": max_per_client,
+                      "admission_wait_s": admission_wait, "body_timeout_s": body_timeout}
+            bound = sock.getsockname()[1]
+            from moefleet.serve.connections import uvicorn_config
+            served = False
+            try:
+                with open_cli_engine(adapter, args, model_ref=model,
+                                     billing=Billing(platform, memory_mb)) as opened:
+                    app = create_app(opened, **app_kw)  # type: ignore[arg-type]
+                    served = True
+                    for note in opened.notes:
+                        err_console.print(f"note: {note}", highlight=False)
+                    sock.listen(2048)  # from here on clients queue, not refused
+                    err_console.print(_banner(args, opened, name, host, bound, key),
+                                      highlight=False)
+                    uvicorn.Server(uvicorn_config(app, host=host, port=bound, limits=limits)
+                                   ).run(sockets=[sock])
+            finally:  # uvicorn re-raises SIGTERM/SIGINT after shutdown; the with-block ran
+                if served and args.plan is not None:
+                    err_console.print("stopped; deployment torn down", highlight=False)
 
 
 def bind(host: str, port: int) -> socket.socket:
