@@ -81,7 +81,7 @@ def test_per_client_cap_is_429_for_that_client_only() -> None:
 def test_retry_after_is_the_queue_drain_time_at_the_measured_rate() -> None:
     async def go() -> None:
         clock = Clock()
-        gate = Admission(2, 10, wait_s=0.01, clock=clock)
+        gate = Admission(2, 10, wait_s=30.0, clock=clock)
         assert gate.retry_after() == 1  # nothing measured yet
         for _ in range(12):
             assert await gate.enter("a") is None
@@ -91,6 +91,7 @@ def test_retry_after_is_the_queue_drain_time_at_the_measured_rate() -> None:
             assert await gate.enter("a") is None
         # 12 in flight, 2 running: 10 ahead + the newcomer, at 11 / 5 s -> 5 s
         assert gate.inflight == 12 and gate.retry_after() == 5
+        assert gate.park_s() == pytest.approx(5.0)  # parked for the drain time (< wait_s)
         clock.t = 100.0  # the measurements age out of the 10 s window
         assert gate.retry_after() == 1
 
@@ -98,13 +99,13 @@ def test_retry_after_is_the_queue_drain_time_at_the_measured_rate() -> None:
 
 
 def test_default_waiting_queue_follows_the_engine() -> None:
-    assert default_max_waiting(64, 4096) == 128
-    assert default_max_waiting(64, 10) == 20  # KV blocks bound what runs at once
+    assert default_max_waiting(64, 4096) == 64
+    assert default_max_waiting(64, 10) == 10  # KV blocks bound what runs at once
     with running(tiny_engine(max_num_seqs=3)) as s:
         gate = s.app.state.admission
-        assert (gate.running, gate.max_waiting, gate.capacity) == (3, 6, 9)
+        assert (gate.running, gate.max_waiting, gate.capacity) == (3, 3, 6)
         m = metrics(s.url)
-        assert m[("moefleet:controller_setting", (("setting", "admission_capacity"),))] == 9
+        assert m[("moefleet:controller_setting", (("setting", "admission_capacity"),))] == 6
 
 
 def test_a_rejection_never_reads_the_body() -> None:

@@ -48,7 +48,7 @@ class Records(logging.Handler):
 @pytest.fixture(scope="module")
 def hostile() -> Iterator[tuple[Server, Records]]:
     with running(tiny_engine(max_num_seqs=4), limits=LIMITS, default_max_tokens=4,
-                 max_body_bytes=64 * 1024) as s:
+                 max_body_bytes=64 * 1024, admission_wait_s=1.0) as s:
         rec = Records()
         loggers = [logging.getLogger(n) for n in ("uvicorn", "uvicorn.error", "asyncio", "")]
         for lg in loggers:
@@ -208,19 +208,19 @@ def _partial_bodies(s: Server, n: int) -> list[bytes]:
 
 
 def many_partial_bodies(s: Server) -> bytes:
-    """10 partial bodies, within the gate's capacity (4 running + 8 waiting): all 408."""
-    out = _partial_bodies(s, 10)
+    """8 partial bodies, within the gate's capacity (4 running + 4 waiting): all 408."""
+    out = _partial_bodies(s, 8)
     assert all(statuses(d) == [408] for d in out), [d[:60] for d in out]
     return b"".join(out)
 
 
 def flood_of_partial_bodies(s: Server) -> bytes:
-    """60 partial bodies, past capacity: the first 12 get 408 once their bodies time out,
+    """60 partial bodies, past capacity: the first 8 get 408 once their bodies time out,
     the rest 503 (overloaded) after the gate's wait; nothing hangs."""
     out = _partial_bodies(s, 60)
     codes = [statuses(d) for d in out]
     assert all(c in ([408], [503]) for c in codes), codes
-    assert codes.count([408]) >= 12
+    assert codes.count([408]) >= 8
     return b""
 
 

@@ -41,7 +41,7 @@ def serve_cmd(
     max_num_seqs: Annotated[int, typer.Option(help="sequences per engine step")] = 64,
     max_waiting: Annotated[int | None, typer.Option(
         help="requests waiting beyond the running ones before new ones wait for a slot "
-             "and then get 503 + Retry-After (default: 2 x what the engine holds at once)")
+             "and then get 503 + Retry-After (default: what the engine holds at once)")
     ] = None,
     admission: Annotated[bool, typer.Option(
         help="admission gate before the body is read (--no-admission: the old shedding "
@@ -49,7 +49,8 @@ def serve_cmd(
     max_per_client: Annotated[int | None, typer.Option(
         help="fairness: requests in flight per client address (more: 429)")] = None,
     admission_wait: Annotated[float, typer.Option(
-        help="seconds a request over capacity waits for a slot before its 503")] = 1.0,
+        help="at most this many seconds a request over capacity waits for a slot before "
+             "its 503 (it waits the predicted queue drain time, at least 0.5 s)")] = 10.0,
     body_timeout: Annotated[float, typer.Option(
         help="seconds a request body may take to arrive (then 408)")] = 30.0,
     header_timeout: Annotated[float, typer.Option(
@@ -92,7 +93,7 @@ def serve_cmd(
             raise MoefleetError(f"--port must be in [0, 65535], got {port}", "e.g. --port 8000")
         if max_waiting is not None and not 1 <= max_waiting <= MAX_WAITING_LIMIT:
             raise MoefleetError(f"--max-waiting must be in [1, {MAX_WAITING_LIMIT}], got "
-                                f"{max_waiting}", "e.g. --max-waiting 128")
+                                f"{max_waiting}", "e.g. --max-waiting 64")
         if max_per_client is not None and not 1 <= max_per_client <= MAX_WAITING_LIMIT:
             raise MoefleetError(f"--max-per-client must be in [1, {MAX_WAITING_LIMIT}], got "
                                 f"{max_per_client}", "e.g. --max-per-client 16")

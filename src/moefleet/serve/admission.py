@@ -11,11 +11,13 @@ Invariants:
 - at most ``capacity`` generation requests (``/v1/completions``,
   ``/v1/chat/completions``) are in flight past the gate at any time; ``capacity`` is the
   engine's running slots plus the waiting queue;
-- a request over capacity waits (parked, FIFO, without its body being read) up to
-  ``wait_s`` for a slot that a finishing request hands over; past that it gets 503 with
-  ``Retry-After``. Every rejection is answered only after that wait, so a client that
-  ignores ``Retry-After`` costs at most one rejection per ``wait_s`` per connection, and
-  the work per rejection is bounded (no body read, one small JSON reply);
+- a request over capacity waits (parked, FIFO, without its body being read) for a slot
+  that a finishing request hands over, for as long as the queue ahead is predicted to
+  take to drain (``Retry-After``'s estimate), at least ``MIN_WAIT_S`` and at most
+  ``wait_s``; then it gets 503 with ``Retry-After``. Every rejection is answered only
+  after that wait, so a client that ignores ``Retry-After`` costs at most one rejection
+  per wait per connection (the deeper the overload, the longer the wait, the fewer the
+  rejections), and the work per rejection is bounded (no body read, one small reply);
 - with ``per_client`` set, one peer address holds at most that many slots; more are 429;
 - ``Retry-After`` is the time the queue ahead takes to drain at the completion rate
   measured over the last ``RATE_WINDOW_S`` seconds (1 s when nothing completed yet).
@@ -38,17 +40,17 @@ from moefleet.serve.errors import error_body
 GATED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 RATE_WINDOW_S = 10.0
 MAX_RETRY_AFTER_S = 60
-DEFAULT_WAIT_S = 1.0
+DEFAULT_WAIT_S = 10.0
+MIN_WAIT_S = 0.5
 PARK_FACTOR = 8  # parked requests at most PARK_FACTOR x capacity (beyond: no slot chance)
 
 
 def default_max_waiting(max_num_seqs: int, num_cache_blocks: int) -> int:
-    """The waiting queue a server over this engine gets unless told otherwise: two
-    batches' worth of the sequences the engine can hold at once (each running sequence
+    """The waiting queue a server over this engine gets unless told otherwise: one
+    batch's worth of the sequences the engine can hold at once (each running sequence
     holds at least one KV block). Enough to refill the batch as sequences finish; more
-    would only add queueing delay to every request."""
-    resident = max(1, min(max_num_seqs, num_cache_blocks))
-    return 2 * resident
+    would not raise throughput, only every admitted request's queueing delay."""
+    return max(1, min(max_num_seqs, num_cache_blocks))
 
 
 @dataclass
@@ -93,13 +95,25 @@ class Admission:
         span = max(now - self._done[0], 1e-3)
         return len(self._done) / span
 
-    def retry_after(self) -> int:
-        """Seconds until the queue ahead of a newcomer has drained, whole, in [1, 60]."""
+    def drain_s(self) -> float | None:
+        """Predicted seconds until the queue ahead of a newcomer has drained, or None
+        while no completion rate has been measured."""
         ahead = self.parked + max(0, self.inflight - self.running) + 1
         rate = self.completion_rate()
-        if rate is None:
+        return None if rate is None else ahead / rate
+
+    def retry_after(self) -> int:
+        """Seconds until the queue ahead of a newcomer has drained, whole, in [1, 60]."""
+        drain = self.drain_s()
+        if drain is None:
             return 1
-        return int(min(MAX_RETRY_AFTER_S, max(1, math.ceil(ahead / rate))))
+        return int(min(MAX_RETRY_AFTER_S, max(1, math.ceil(drain))))
+
+    def park_s(self) -> float:
+        """How long a request over capacity waits for a slot before its 503."""
+        drain = self.drain_s()
+        low = min(MIN_WAIT_S, self.wait_s)
+        return self.wait_s if drain is None else min(self.wait_s, max(low, drain))
 
     # -- the gate -------------------------------------------------------------------------
     async def enter(self, client: str) -> Rejection | None:
@@ -116,10 +130,11 @@ class Admission:
             await asyncio.sleep(self.wait_s)
             return self._overloaded()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        wait = self.park_s()
         self._queue.append(fut)
         self.parked += 1
         try:
-            await asyncio.wait_for(asyncio.shield(fut), self.wait_s)
+            await asyncio.wait_for(asyncio.shield(fut), wait)
         except TimeoutError:
             pass
         except asyncio.CancelledError:  # server shutting down: never leak a handed slot

@@ -23,7 +23,12 @@ from moefleet.compose.root import OpenedEngine
 from moefleet.engine import Engine
 from moefleet.experts.brownout_hook import ThresholdReport
 from moefleet.platform import load_platform
-from moefleet.serve.admission import Admission, AdmissionGate, default_max_waiting
+from moefleet.serve.admission import (
+    DEFAULT_WAIT_S,
+    Admission,
+    AdmissionGate,
+    default_max_waiting,
+)
 from moefleet.serve.connections import DEFAULT_BODY_TIMEOUT_S, BodyLimit
 from moefleet.serve.errors import ERROR_RESPONSES, HANDLERS, APIError, error_body
 from moefleet.serve.metrics import ServeMetrics
@@ -43,7 +48,7 @@ def create_app(engine: Engine | OpenedEngine, *, model_name: str, api_key: str |
                slo_tpot_s: float | None = None, default_max_tokens: int | None = None,
                biller: Biller | None = None, step_timeout_s: float | None = None,
                admission: bool = True, max_per_client: int | None = None,
-               admission_wait_s: float = 1.0,
+               admission_wait_s: float = DEFAULT_WAIT_S,
                body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> FastAPI:
     """Serve ``engine``: an :class:`OpenedEngine` from the composition root (its biller
     bills each request; its brownout threshold is reported on ``/metrics``), or a bare
@@ -55,7 +60,7 @@ def create_app(engine: Engine | OpenedEngine, *, model_name: str, api_key: str |
     the old behaviour, shedding only after the body is parsed, kept to compare):
     ``max_waiting`` (default derived from the engine's slots and KV blocks) waiting on
     top of the engine's running slots, ``max_per_client`` slots per peer address,
-    ``admission_wait_s`` for a slot before 503. ``body_timeout_s``: a request body not
+    at most ``admission_wait_s`` for a slot before 503. ``body_timeout_s``: a request body not
     complete by then is 408."""
     metrics = ServeMetrics(model_name)
     opened = engine if isinstance(engine, OpenedEngine) else None
