@@ -19,8 +19,8 @@ layers x 64 routed experts, top-6, non-expert 0.5B parameters incl. shared exper
   modelled GPU times: every cost here is "GPU emulated".
 - simulator: every request's layout also runs in the SimPy simulator (``sim/remoe.py``)
   with the request's *real* routing (its e32 trace mapped the same way), so SPS's
-  prediction error and routing randomness are in the simulated cost; billing rounded to
-  the platform's granularity.
+  prediction error and routing randomness are in the simulated cost; billed durations by
+  the platform meter's rule (rounded up to its granularity, at least its minimum).
 - sensitivity (with Fig. 9): on the mean request, each input scaled alone over
   [1/100, 100] (13 log steps): the factor closest to 1 at which Remoe reaches 0.43x GPU.
 - Fig. 11: cold start per method with the weights loaded at the platform's object-store
@@ -150,8 +150,7 @@ def problem(ctx: dict[str, Any], args: argparse.Namespace, s_LE: np.ndarray, n_i
 
 
 def simulate(ctx: dict[str, Any], p: Any, res: Any, real_s: np.ndarray, seed: int) -> Any:
-    gran = ctx["spec"].billing.granularity_ms / 1000.0
-    return RemoeSimulator(p, res.layout, seed=seed, billing_granularity_s=gran,
+    return RemoeSimulator(p, res.layout, seed=seed, billing=ctx["spec"].billing,
                           s_LE=real_s).run([0.0])
 
 

@@ -27,7 +27,7 @@ Remoe vs the CPU / GPU / MIX / Fetch plans, and the cold start of each layout.
 - ``--calibrate``: the planner gets this runtime's measured times instead of the FLOP-rate
   model and the platform's assumed 20 ms invocation overhead: before planning, the next
   ``--calib-requests`` test prompts (never the measured ones) calibrate
-  (:func:`moefleet.remoe.calibrate.calibrate_runtime`: in process, the non-expert time
+  (:func:`moefleet.calibration.remoe.calibrate_runtime`: in process, the non-expert time
   per layer and token and an expert's time per routed slot; on an all-remote deployment,
   a nested call's round trip, the handler's fixed and per-slot time), and its CPU price
   per GB-s is the one the meter bills (the platform's default vCPUs per GB, not 1 GB =
@@ -90,9 +90,9 @@ def problem_of(method: str, adapter: Any, s_LE: np.ndarray, n_in: int, n_out: in
                args: argparse.Namespace, cal: Any = None) -> Any:
     """The planner's problem: FLOP-rate times and the platform's assumed overheads, or,
     with ``cal``, this runtime's measured times and the meter's CPU price."""
+    from moefleet.calibration.remoe import calibrated_problem, metered_prices
     from moefleet.plan.remoe.shapes import Timing, measure_cpu, problem_for
     from moefleet.platform import load_platform
-    from moefleet.remoe.calibrate import calibrated_problem, metered_prices
     from moefleet.remoe.dims import dims_from_adapter
 
     dims = dims_from_adapter(adapter)
@@ -171,7 +171,7 @@ def main() -> None:
     platform = load_platform(args.platform)
     cal = None
     if args.calibrate:
-        from moefleet.remoe.calibrate import calibrate_runtime
+        from moefleet.calibration.remoe import calibrate_runtime
 
         with tempfile.TemporaryDirectory(prefix="moefleet-remoe-cal-") as tmp:
             cal = calibrate_runtime(adapter, calib, platform=platform, store=open_store(tmp),
@@ -236,7 +236,7 @@ def main() -> None:
                       f"--requests {args.requests} --new-tokens {args.new_tokens} "
                       f"--methods {args.methods}" + (" --calibrate" if cal else "")
                       + (f" --max-threads {args.max_threads}" if args.max_threads else ""),
-           "planner_inputs": ("calibrated on this runtime (remoe.calibrate), meter's CPU "
+           "planner_inputs": ("calibrated on this runtime (calibration.remoe), meter's CPU "
                               "price" if cal else "FLOP-rate model, platform's assumed "
                               "invocation overhead, 1 GB = 1 vCPU"),
            "calibration": cal.to_dict() if cal else None,

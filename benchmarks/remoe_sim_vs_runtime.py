@@ -10,7 +10,7 @@ on the local backend): same plans, same requests, same routing.
   greedy tokens each, every request alone in its own main invocation (batch 1: the
   simulator's unit is one request). Validated: prompts 0..N-1. Calibration: the next
   ``--calib-requests`` prompts, never the validated ones;
-- calibration (:mod:`moefleet.remoe.calibrate`): in process, the non-expert time per
+- calibration (:mod:`moefleet.calibration.remoe`): in process, the non-expert time per
   layer and token and a local expert's time per routed slot (decode, prefill); then one
   *calibration deployment* (every expert remote, one replica) on the calibration prompts
   gives a nested call's overhead (from its TPOT) and the handler's billed fixed time;
@@ -24,7 +24,7 @@ on the local backend): same plans, same requests, same routing.
 - compared per plan: median TTFT and TPOT, remote calls (total and per layer), remote
   token-slots (the runtime's from its replies' bytes), billed USD of the main function
   and of the remote functions (the platform's meter on the runtime's records; the
-  simulator's own billing, 1 ms granularity, at the meter's price per GB-s: the
+  simulator's billing, the meter's duration rule, at the meter's price per GB-s: the
   platform's default 2048 MB per vCPU, not the planner's 1 GB = 1 vCPU, see
   ``calibrate.metered_prices``). ``ratio`` = simulator / runtime; each round calibrates
   and then validates, ratios are medians over ``--rounds``.
@@ -95,7 +95,7 @@ def billed(records: list[Any], platform: Any, share: float) -> tuple[float, floa
 
 def compare(run: dict[str, Any], sim: Any, main_rate: float, hidden: int, platform: Any,
             moe_layers: list[int]) -> dict[str, Any]:
-    from moefleet.remoe.calibrate import record_slots
+    from moefleet.calibration.remoe import record_slots
 
     res = run["results"]
     rec = run["remote_records"]
@@ -155,16 +155,16 @@ def main() -> None:
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     load_before = os.getloadavg()
 
-    from moefleet.data import load_prompts
-    from moefleet.models import load_adapter
-    from moefleet.platform import load_platform, open_store
-    from moefleet.remoe.calibrate import (
+    from moefleet.calibration.remoe import (
         calibrate_runtime,
         calibrated_problem,
         measure_plan,
         metered_prices,
         record_passes,
     )
+    from moefleet.data import load_prompts
+    from moefleet.models import load_adapter
+    from moefleet.platform import load_platform, open_store
     from moefleet.sim.remoe import RemoeSimulator
 
     adapter = load_adapter(MODEL)
@@ -201,10 +201,9 @@ def main() -> None:
                 run = measure_plan(plan, adapter, valid, platform=platform,
                                    store=open_store(tmp), max_tokens=args.new_tokens,
                                    workers=args.workers)
-            gran = platform.billing.granularity_ms / 1000.0
             # the runtime's dispatch: LPT's replica split when the plan's groups carry it
             lpt = any(g.replica_experts is not None for g in plan.groups)
-            simulator = RemoeSimulator(p, result.layout, billing_granularity_s=gran,
+            simulator = RemoeSimulator(p, result.layout, billing=platform.billing,
                                        dispatch="lpt" if lpt else "split",
                                        billed_overhead_s=cal.handler_fixed_s,
                                        keep_alive_s=1e9)

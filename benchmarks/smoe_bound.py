@@ -33,13 +33,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from moefleet.autoscale.base import (
-    AutoscalePolicy,
-    Decisions,
-    FunctionConfig,
-    MetricsSnapshot,
-    PolicyState,
-)
 from moefleet.autoscale.smoe.evaluate import eval_windows
 from moefleet.autoscale.smoe.harness import run_episode, window_arrivals
 from moefleet.autoscale.smoe.train import (
@@ -47,6 +40,13 @@ from moefleet.autoscale.smoe.train import (
     SCENARIOS,
     scenario_for,
     scenario_setup,
+)
+from moefleet.control import (
+    Decisions,
+    FunctionConfig,
+    MetricsSnapshot,
+    PolicyState,
+    ScalingController,
 )
 from moefleet.io import write_json_atomic
 
@@ -56,7 +56,7 @@ SLACK = 1.02
 Pair = tuple[FunctionConfig, FunctionConfig]  # (every segment, every expert)
 
 
-class PairPolicy(AutoscalePolicy):
+class PairPolicy(ScalingController):
     """Sets every segment to ``plan(t)[0]`` and every expert to ``plan(t)[1]`` (hot
     experts, named in ``hot``, to ``hot_cfg`` instead while the high plan holds)."""
 

@@ -110,14 +110,10 @@ def main() -> None:
     torch.set_num_threads(1)
     from moefleet.autoscale.smoe.evaluate import eval_windows
     from moefleet.autoscale.smoe.harness import window_arrivals
-    from moefleet.io import write_json_atomic
-    from moefleet.models import load_adapter
-    from moefleet.profiles.cache import profile_for
-    from moefleet.runtime.online import (
+    from moefleet.calibration.smoe_online import OnlineSetup, calibrate_local
+    from moefleet.control import Replayed
+    from moefleet.experiments.smoe_online import (
         EMULATED,
-        OnlineSetup,
-        Replayed,
-        calibrate_local,
         memory_floor,
         pod_plans,
         replay,
@@ -126,6 +122,9 @@ def main() -> None:
         run_simulated,
         token_counts,
     )
+    from moefleet.io import write_json_atomic
+    from moefleet.models import load_adapter
+    from moefleet.profiles.cache import profile_for
 
     t_all, cpu_all, load0 = time.perf_counter(), time.process_time(), os.getloadavg()
     if not args.checkpoint.is_file():

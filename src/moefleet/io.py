@@ -14,18 +14,22 @@ Every command checks all of its output paths with :func:`check_output_paths` *be
 starts work, so a bad ``--png`` never leaves a half-done set of outputs behind; every
 problem here is an :class:`~moefleet.errors.OutputPathError` or
 :class:`~moefleet.errors.DataError` naming the path, never a raw ``OSError``.
+
+:func:`safetensors_ready` is the one preparation of tensors for a safetensors file or
+packet (checkpoints, payloads).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +200,11 @@ def _is_pseudo_fs(path: Path) -> bool:
     return any(resolved == r or resolved.startswith(r + "/") for r in ("/proc", "/sys"))
 
 
+#: errno values that mean "the output could not be written", whoever wrote it.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EACCES,
+                          errno.EROFS})
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path next to ``target`` (next to the file a symlink points at);
@@ -214,9 +223,17 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     os.close(fd)
     tmp_path = Path(tmp)
     try:
-        yield tmp_path
-        with open(tmp_path, "rb") as fh:
-            os.fsync(fh.fileno())
+        try:
+            yield tmp_path
+            with open(tmp_path, "rb") as fh:
+                os.fsync(fh.fileno())
+        except OSError as err:
+            # A full disk or quota (ENOSPC, EDQUOT, EFBIG) or an I/O error while the
+            # output was being written: the partial file is removed below.
+            if err.errno not in WRITE_ERRNOS:
+                raise
+            raise OutputPathError(f"cannot write {target}: {os.strerror(err.errno or 0)}",
+                                  "free space on that disk, or write elsewhere") from None
         os.chmod(tmp_path, 0o666 & ~_umask())
         check_output_path(target)
         try:
@@ -363,3 +380,21 @@ def refusal_reason(err: BaseException) -> str:
     lines = [ln.strip() for ln in str(err).splitlines()
              if "unsupported" in ln.lower() or "GLOBAL" in ln]
     return f" ({lines[0][:160]})" if lines else ""
+
+
+def safetensors_ready(tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """``tensors`` (torch) as safetensors accepts them: detached and contiguous, and no
+    two sharing storage (it refuses both). Copies only what must be: a non-contiguous
+    tensor, and every tensor after the first whose storage an earlier one holds (e.g. a
+    replay transition's next state is the following transition's state)."""
+    out: dict[str, Any] = {}
+    seen: set[int] = set()
+    for name, t in tensors.items():
+        t = t.detach().contiguous()
+        ptr = t.untyped_storage().data_ptr() if t.numel() else -1
+        if ptr in seen:
+            t = t.clone()
+        elif ptr != -1:
+            seen.add(ptr)
+        out[name] = t
+    return out

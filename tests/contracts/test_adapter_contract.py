@@ -111,7 +111,7 @@ def test_expert_outputs_recombine_to_the_moe_layer(adapter: MoEModelAdapter) -> 
     ids_NK, w_NK = adapter.route(layer, x)
     assert ids_NK.shape == (7, adapter.top_k) == w_NK.shape
     assert int(ids_NK.max()) < adapter.num_experts(layer)
-    experts = adapter.experts_stacked(layer)
+    experts = adapter.expert_modules(layer)
     rows = []
     for n in range(7):
         outs = [w_NK[n, k] * experts[int(ids_NK[n, k])](x[n : n + 1])[0]

@@ -347,7 +347,7 @@ def test_teardown_is_idempotent_and_final(factory: Factory, platform: PlatformSp
 def test_reconfigure_scales_warm_and_resizes_cold(backend: FunctionBackend,
                                                   platform: PlatformSpec,
                                                   caplog: pytest.LogCaptureFixture) -> None:
-    from moefleet.autoscale.base import FunctionConfig
+    from moefleet.control import FunctionConfig
 
     name = fn(backend)
     assert call(backend, name, op="pid").record.cold

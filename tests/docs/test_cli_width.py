@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import typer.main
 
-from tests.docs.runner import ROOT, run
+from tests.docs.block_runner import ROOT, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 M = "tiny-mixtral-random"
@@ -34,6 +34,9 @@ COMMANDS = [
      "wikitext2:test", "--max-tokens", "2048", "--test-tokens", "1024", "--predictors",
      "bayes,lina,dop"],
     ["demo", "--model", M, "--quick", "--no-run", "-o", "demo"],
+    ["compare", "--model", M, "--traffic", "poisson:rate=1", "--duration", "60", "--quick",
+     "--platform", "alibaba-fc-gpu", "-o", "cmp"],
+    ["report", "cmp"],
     # Remoe's planner on the DeepSeek-V2-Lite shape (no weights) with the shipped timing.
     ["plan", "--policy", "remoe", "--model", "deepseek-v2-lite", "--platform",
      "alibaba-fc-gpu", "--ttft", "30", "--tpot", "1", "--activation", "uniform.npy",

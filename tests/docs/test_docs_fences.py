@@ -8,7 +8,7 @@ from tests.docs.fences import NOT_RUN, OUTPUT_LANGS, blocks
 
 SHELL_PAGES = ["getting-started.md", "quickstart.md"]
 GUIDE_PAGES = ["guide/odsbo.md", "guide/remoe.md", "guide/smoe.md", "guide/brownout.md",
-               "guide/engine.md", "guide/simulation.md"]
+               "guide/engine.md", "guide/simulation.md", "guide/compare.md"]
 
 
 @pytest.mark.parametrize("page", SHELL_PAGES)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.docs.block_runner import run
 from tests.docs.fences import for_tests, runnable
-from tests.docs.runner import run
 from tests.docs.test_docs_fences import GUIDE_PAGES
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs.block_runner import free_port, run
 from tests.docs.fences import for_tests, runnable
-from tests.docs.runner import free_port, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 PAGES = ["getting-started.md", "quickstart.md"]
@@ -22,15 +22,8 @@ def workdirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {page: tmp_path_factory.mktemp(page.replace(".md", "")) for page in PAGES}
 
 
-def _compare_exists() -> bool:
-    # `moefleet compare` is being built (issue #25); its docs block waits for it.
-    return run(["moefleet", "compare", "--help"], Path.cwd(), 60).returncode == 0
-
-
 @pytest.mark.parametrize("block", CASES, ids=[b.id for b in CASES])
 def test_shell_block_runs(block, workdirs) -> None:
-    if "moefleet compare" in block.code and not _compare_exists():
-        pytest.skip("compare lands with #25")
     code = for_tests(block.code, port=free_port())
     res = run(["bash", "-euo", "pipefail", "-c", code], workdirs[block.page])
     assert res.returncode == 0, (f"{block.id} failed (exit {res.returncode}):\n{code}\n"

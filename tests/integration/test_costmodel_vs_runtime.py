@@ -12,7 +12,7 @@ Compared on the validation half, per method, on MoE layers 0 and 1 (layer 2's ga
 also runs the LM head and returns the logits: that is the tail's T^NE, not MoE latency).
 Asserted (the parts of the model this backend can honestly check):
 
-- direct latency: ``plan.calibrate.one_worker_layer_latency`` (the model's per-replica
+- direct latency: ``calibration.odsbo.one_worker_layer_latency`` (the model's per-replica
   eq. 10 composed as one worker with warm instances runs it) within LATENCY_TOL of the
   median measured ``moe_s`` (measured: +16%, +17% in two runs);
 - request accounting: the model's request USD equals the Meter's exactly, and its store
@@ -143,14 +143,14 @@ def _layer_parts(problem: Any, plan: Any, le: Any, spec: Any) -> np.ndarray:
 
 @pytest.mark.timeout(600)
 def test_costmodel_matches_local_runtime(tmp_path: Path) -> None:
-    from moefleet.plan import PlanningProblem, evaluate
-    from moefleet.plan.calibrate import (
+    from moefleet.calibration.odsbo import (
         StoreTiming,
         calibrated_platform,
         measure_store,
         one_worker_layer_latency,
         warm_call_s,
     )
+    from moefleet.plan import PlanningProblem, evaluate
     from moefleet.plan.costmodel import PARAM_GETS
     from moefleet.profiles.cache import profile_for
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from moefleet.autoscale.base import (
-    Controller,
+from moefleet.control import (
     Decisions,
     FunctionConfig,
     MetricsSnapshot,
     PolicyState,
+    ScalingController,
 )
 from moefleet.workloads.base import Arrival
 
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.integration]
 MODEL = "tiny-mixtral-random"  # 3 MoE layers x 8 experts, top-2
 
 
-class _Scripted(Controller):
+class _Scripted(ScalingController):
     """At its first snapshot: exp-0-1 to 2048 MB, exp-1-2 to 128 MB (below the floor)."""
 
     name = "scripted"
@@ -59,11 +59,8 @@ class _FakeClock:
 
 def test_online_run_applies_decisions_and_the_simulator_replays_it(tmp_path: Path) -> None:
     from moefleet.autoscale.smoe.harness import build_scenario
-    from moefleet.models import load_adapter, zoo
-    from moefleet.profiles.cache import profile_for
-    from moefleet.runtime.online import (
-        OnlineSetup,
-        calibrate_local,
+    from moefleet.calibration.smoe_online import OnlineSetup, calibrate_local
+    from moefleet.experiments.smoe_online import (
         memory_floor,
         pod_plans,
         requests_for,
@@ -71,6 +68,8 @@ def test_online_run_applies_decisions_and_the_simulator_replays_it(tmp_path: Pat
         run_simulated,
         token_counts,
     )
+    from moefleet.models import load_adapter, zoo
+    from moefleet.profiles.cache import profile_for
 
     zoo.build(MODEL)
     adapter = load_adapter(MODEL)

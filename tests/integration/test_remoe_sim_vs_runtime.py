@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from moefleet.calibration.remoe import measure_plan, record_passes, record_slots
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import small_mixtral
 from moefleet.plan.remoe import Layout
 from moefleet.plan.remoe.shapes import Timing, problem_for
 from moefleet.platform import load_platform, open_store
-from moefleet.remoe.calibrate import measure_plan, record_passes, record_slots
 from moefleet.remoe.dims import dims_from_adapter
 from moefleet.remoe.plans import manual_plan
 from moefleet.sim.remoe import RemoeSimulator

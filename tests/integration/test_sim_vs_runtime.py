@@ -91,7 +91,7 @@ def _cost(records: list[Any], platform: Any) -> float:
 
 @pytest.mark.timeout(900)
 def test_simulator_matches_local_runtime(tmp_path: Path) -> None:
-    from moefleet.sim import MeasuredRun, calibrate
+    from moefleet.calibration.sim import MeasuredRun, calibrate
 
     data = _run_runtime(tmp_path)
     runs = data["runs"]

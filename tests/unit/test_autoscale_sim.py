@@ -3,8 +3,8 @@ the configured delay; a static policy never reconfigures."""
 
 from __future__ import annotations
 
-from moefleet.autoscale import AutoscalePolicy, FunctionConfig, MetricsSnapshot, PolicyState
 from moefleet.autoscale.baselines import make_policy
+from moefleet.control import FunctionConfig, MetricsSnapshot, PolicyState, ScalingController
 from moefleet.sim import SimConfig, Simulator
 from moefleet.workloads import StepWorkload
 from tests.unit.sim_helpers import arrivals, plan, profile, spec
@@ -13,9 +13,9 @@ CFG = SimConfig(scaling="replicas", interval_s=5.0, apply_delay_s=1.0, prewarm=T
                 keep_alive_s=60.0)
 
 
-def simulate(policy: AutoscalePolicy | None, workload: StepWorkload):  # type: ignore[no-untyped-def]
+def simulate(policy: ScalingController | None, workload: StepWorkload):  # type: ignore[no-untyped-def]
     sim = Simulator(plan(experts=4), profile(), spec(), top_k=1, decoder=False, config=CFG,
-                    policy=policy, seed=3)
+                    controller=policy, seed=3)
     return sim.run(workload, 120.0)
 
 
@@ -33,7 +33,7 @@ def test_hpa_scales_up_after_a_step() -> None:
     assert hpa.latency["p95"] < static.latency["p95"]  # the extra replicas cut queueing
 
 
-class _OnceAt(AutoscalePolicy):
+class _OnceAt(ScalingController):
     """At the first snapshot, give exp-0-0 2048 MB (2 vCPUs: compute twice as fast)."""
 
     name = "once"
@@ -47,7 +47,7 @@ class _OnceAt(AutoscalePolicy):
 def test_decision_applies_after_delay_with_a_cold_start() -> None:
     cfg = SimConfig(interval_s=5.0, apply_delay_s=1.0, prewarm=True, keep_alive_s=600.0)
     sim = Simulator(plan(), profile(), spec(), top_k=1, decoder=False, config=cfg,
-                    policy=_OnceAt())
+                    controller=_OnceAt())
     r = sim.run(arrivals(0.0, 5.5, 6.5), 10.0)
     # t=0: old config, warm: 0.435. t=5.5: decided at 5, applied at 6: 0.435 again.
     # t=6.5: new size -> new instance: invoke 0.1 + cold 1.0 + 0.01 + 1.0, then payload

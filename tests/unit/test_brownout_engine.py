@@ -6,7 +6,6 @@ from moefleet.brownout.groups import Grouping, index_groups
 from moefleet.brownout.salc import SALC
 from moefleet.engine import Engine, InProcessRunner, SamplingParams
 from moefleet.experts.brownout import BrownoutExperts
-from moefleet.experts.brownout_control import BrownoutControl
 from moefleet.experts.brownout_hook import SALCHook
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
@@ -18,7 +17,7 @@ def _engine(threshold: float, salc: SALC | None = None):
     grouping = Grouping(2, "index", {layer: index_groups(adapter.num_experts(layer), 2)
                                      for layer in adapter.moe_layers})
     experts = BrownoutExperts(adapter.local_expert_fn(), grouping, threshold, "full")
-    hook = SALCHook(BrownoutControl(salc, experts)) if salc else None
+    hook = SALCHook(salc, experts) if salc else None
     runner = InProcessRunner(adapter, experts=experts)
     return Engine(runner, hooks=[hook] if hook else None), experts, hook
 

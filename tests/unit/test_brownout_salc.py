@@ -12,6 +12,7 @@ from moefleet.brownout.groups import BrownoutError
 from moefleet.brownout.salc import (
     SALC,
     LatencySnapshot,
+    LatencyWindow,
     SALCConfig,
     SALCPairState,
     SALCState,
@@ -55,7 +56,8 @@ def test_checks_only_once_per_interval_and_only_inside_the_window() -> None:
 
 def test_prefill_and_decode_are_controlled_separately() -> None:
     salc = SALC(slo_ttft_s=0.25, slo_tpot_s=0.15, window_s=2.0, interval_s=1.0)
-    (pre, dec), st = salc.step(_snap(5.0, 0.2), _snap(5.0, 0.2), SALCPairState())
+    window = LatencyWindow(5.0, _snap(5.0, 0.2).samples, _snap(5.0, 0.2).samples)
+    (pre, dec), st = salc.decide(window, SALCPairState())
     # 0.2 s: fine for prefill (hold at 1), over the decode SLO (shrink)
     assert (pre.action, dec.action) == ("hold", "shrink")
     assert SALC.threshold_for("prefill", st) == 1.0
@@ -79,26 +81,26 @@ def test_bad_settings_are_clear_errors(field: str, value: float) -> None:
 def test_control_sets_the_step_threshold_from_recorded_latencies() -> None:
     from moefleet.brownout.groups import Grouping, index_groups
     from moefleet.experts.brownout import BrownoutExperts
-    from moefleet.experts.brownout_control import BrownoutControl
+    from moefleet.experts.brownout_hook import SALCHook
 
     experts = BrownoutExperts(lambda layer, x, ids, w: x, Grouping(2, "index",
                               {0: index_groups(4, 2)}), 1.0, "full")
-    ctl = BrownoutControl(SALC(0.25, 0.15, window_s=2.0, interval_s=0.0), experts)
+    ctl = SALCHook(SALC(0.25, 0.15, window_s=2.0, interval_s=0.0), experts)
     for i in range(10):
         ctl.record("tpot", 1.0 + 0.01 * i, 0.3)  # decode too slow
         ctl.record("ttft", 1.0 + 0.01 * i, 0.1)  # prefill fine
-    assert ctl.before_step("decode", 1.5) == pytest.approx(0.8)
+    assert ctl.set_threshold("decode", 1.5) == pytest.approx(0.8)
     assert experts.threshold == pytest.approx(0.8)
     # both controllers run every step: decode shrank again while prefill held at 1
-    assert ctl.before_step("prefill", 1.6) == 1.0
+    assert ctl.set_threshold("prefill", 1.6) == 1.0
     assert ctl.state.decode.threshold == pytest.approx(0.64)
     # samples older than the 2 s window are dropped: no data, the threshold holds
-    assert ctl.before_step("decode", 10.0) == pytest.approx(0.64)
+    assert ctl.set_threshold("decode", 10.0) == pytest.approx(0.64)
     assert ctl.last is not None and ctl.last[1].action == "no-data"
 
 
 @pytest.mark.parametrize(("text", "needle"), [
-    ("ways=8,slo-ttft=0.25", "lacks slo_tpot_s"),
+    ("ways=8,slo-ttft=0.25", "lacks slo-tpot="),
     ("ways=8,slo-ttft=0,slo-tpot=0.15", "slo=0.0"),
     ("ways=8,slo-ttft=0.25,slo-tpot=-1", "slo=-1.0"),
     ("ways=1,slo-ttft=0.25,slo-tpot=0.15", "ways=1"),

@@ -33,7 +33,7 @@ def test_generate_streams_text_to_the_terminal() -> None:
 
 
 @pytest.mark.parametrize(("args", "needle"), [
-    (["--prompt", "x", "--max-tokens", "0"], "max_tokens"),
+    (["--prompt", "x", "--max-tokens", "0"], "--max-tokens must be >= 1"),
     (["--prompt", "x", "--temperature", "-1"], "temperature"),
     (["--prompt", "x", "--top-p", "1.5"], "top_p"),
     (["--prompt", "x", "--max-tokens", "100000"], "context"),

@@ -5,10 +5,28 @@ from __future__ import annotations
 import pytest
 
 from moefleet.engine import EngineError, SamplingParams, Scheduler, SchedulerConfig
+from moefleet.engine.scheduler import SchedulerOutput, Sequence
+from moefleet.engine.stops import token_stop
 
 
 def _params(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, temperature=0)
+
+
+def _advance(s: Scheduler, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
+    """Update the scheduler and end what the engine's stop rule ends, as the engine does;
+    returns the sequences that finished this step."""
+    s.update(out, sampled)
+    done = []
+    for row in out.rows:
+        seq = s.seqs.get(row.seq_id)
+        if seq is None or not row.sample:
+            continue
+        reason = token_stop(seq.params, seq.output_ids[-1], len(seq.output_ids), None)
+        if reason is not None:
+            s.finish(seq.seq_id, reason)
+            done.append(seq)
+    return done
 
 
 def _run(s: Scheduler, max_steps: int = 500) -> list[list[tuple[int, int, bool]]]:
@@ -22,9 +40,7 @@ def _run(s: Scheduler, max_steps: int = 500) -> list[list[tuple[int, int, bool]]
         assert len(s.running) <= s.config.max_num_seqs
         assert s.free_blocks >= 0
         log.append([(r.seq_id, len(r.token_ids), r.sample) for r in out.rows])
-        done = s.update(out, {r.seq_id: 7 for r in out.rows if r.sample})
-        for seq in done:
-            s.finish(seq.seq_id, "length")
+        _advance(s, out, {r.seq_id: 7 for r in out.rows if r.sample})
     raise AssertionError("did not finish")
 
 
@@ -71,8 +87,7 @@ def test_cache_exhaustion_preempts_the_newest_and_everything_completes() -> None
         if out.preempted:
             preempted_steps.append(list(out.preempted))
         assert s.free_blocks >= 0
-        for seq in s.update(out, {r.seq_id: 7 for r in out.rows if r.sample}):
-            s.finish(seq.seq_id, "length")
+        _advance(s, out, {r.seq_id: 7 for r in out.rows if r.sample})
     assert not s.has_unfinished
     assert preempted_steps and preempted_steps[0] == [2]  # the last admitted goes first
     assert s.num_preemptions >= 1
@@ -86,10 +101,10 @@ def test_recompute_after_preemption_covers_prompt_and_outputs() -> None:
     a = s.add("a", [1, 2], _params(3), 0.0)
     b = s.add("b", [3, 4], _params(3), 0.0)
     out = s.schedule()
-    s.update(out, {0: 9, 1: 9})
+    _advance(s, out, {0: 9, 1: 9})
     out = s.schedule()  # both need a 2nd block, only one is free: b is preempted
     assert out.preempted == [b.seq_id] and [r.seq_id for r in out.rows] == [a.seq_id]
-    s.update(out, {0: 9})
+    _advance(s, out, {0: 9})
     recomputed = None
     for _ in range(10):
         out = s.schedule()
@@ -97,8 +112,7 @@ def test_recompute_after_preemption_covers_prompt_and_outputs() -> None:
         if b.seq_id in rows:
             recomputed = rows[b.seq_id]
             break
-        for seq in s.update(out, {r.seq_id: 9 for r in out.rows if r.sample}):
-            s.finish(seq.seq_id, "length")
+        _advance(s, out, {r.seq_id: 9 for r in out.rows if r.sample})
     assert recomputed is not None
     assert recomputed.token_ids == [3, 4, 9] and recomputed.start == 0 and recomputed.sample
 
@@ -121,9 +135,10 @@ def test_stop_token_ids_end_a_sequence() -> None:
     s = Scheduler(SchedulerConfig())
     s.add("a", [1], SamplingParams(max_tokens=10, stop_token_ids=(5,)), 0.0)
     out = s.schedule()
-    assert s.update(out, {0: 4}) == []
+    assert _advance(s, out, {0: 4}) == []
     out = s.schedule()
-    assert [q.request_id for q in s.update(out, {0: 5})] == ["a"]
+    assert [q.request_id for q in _advance(s, out, {0: 5})] == ["a"]
+    assert s.seqs.get(0) is None and not s.has_unfinished
 
 
 @pytest.mark.parametrize(("prompt", "max_tokens", "match"), [
@@ -140,7 +155,7 @@ def test_requests_that_cannot_run_are_refused(prompt: list[int], max_tokens: int
 
 
 @pytest.mark.parametrize("kwargs", [
-    {"max_tokens": 0}, {"temperature": -0.1}, {"temperature": float("nan")},
+    {"max_tokens": -1}, {"temperature": -0.1}, {"temperature": float("nan")},
     {"top_p": 0.0}, {"top_p": 1.5}, {"stop": ("",)}, {"top_k": -1}, {"seed": -3},
 ])
 def test_bad_sampling_params_name_the_value(kwargs: dict) -> None:

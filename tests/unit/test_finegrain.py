@@ -13,7 +13,7 @@ import torch
 from moefleet.errors import DataError, MoefleetError
 from moefleet.models import load_adapter, zoo
 from moefleet.models.tinylm import entry, finegrain_entry
-from moefleet.models.tinylm.finegrain import split_experts
+from moefleet.models.tinylm.finegrain import split_into_finer_experts
 from moefleet.models.tinylm.model import ModelConfig, TinyMoELM
 from moefleet.models.tinylm.sources import source_path
 
@@ -47,13 +47,13 @@ def _random_model() -> TinyMoELM:
 
 def test_split_without_router_tilt_reproduces_the_base_model() -> None:
     base = _random_model()
-    split = split_experts(base, parts=4, router_mix=0.0, seed=0)
+    split = split_into_finer_experts(base, parts=4, router_mix=0.0, seed=0)
     assert (split.cfg.experts, split.cfg.top_k, split.cfg.ffn) == (16, 8, 12)
     ids_BT = torch.randint(0, 97, (2, 30), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref_BTV, _ = base(ids_BT)
         got_BTV, _ = split(ids_BT)
-        tilted_BTV, _ = split_experts(base, 4, 0.5, 0)(ids_BT)
+        tilted_BTV, _ = split_into_finer_experts(base, 4, 0.5, 0)(ids_BT)
     assert ref_BTV.abs().max() > 1.0
     assert torch.allclose(ref_BTV, got_BTV, atol=1e-4, rtol=0)
     assert not torch.allclose(ref_BTV, tilted_BTV, atol=1e-3)  # the tilt does route
@@ -61,7 +61,7 @@ def test_split_without_router_tilt_reproduces_the_base_model() -> None:
 
 def test_split_rejects_a_non_divisor() -> None:
     with pytest.raises(MoefleetError, match="parts=5"):
-        split_experts(_random_model(), parts=5, router_mix=0.0, seed=0)
+        split_into_finer_experts(_random_model(), parts=5, router_mix=0.0, seed=0)
 
 
 def test_upcycled_model_trains_saves_and_reports_perplexities(tmp_path: Path) -> None:

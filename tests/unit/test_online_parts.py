@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from moefleet.autoscale.base import (
-    Controller,
+from moefleet.control import (
     Decisions,
     FunctionConfig,
     FunctionMetrics,
+    MemoryFloor,
     MetricsSnapshot,
     PolicyState,
+    Replayed,
+    ScalingController,
 )
-from moefleet.runtime.control import MemoryFloor, Replayed
 from moefleet.workloads.base import Arrival
 
 
@@ -28,7 +29,7 @@ def _snap(t: float, configs: dict[str, FunctionConfig]) -> MetricsSnapshot:
                            slo_violation_rate=0.0)
 
 
-class _Ask(Controller):
+class _Ask(ScalingController):
     name = "ask"
 
     def __init__(self, decisions: Decisions) -> None:
@@ -56,10 +57,14 @@ def test_replayed_decides_again_at_the_interval_it_was_taken() -> None:
     ctl = Replayed([(11.04, "a", c1), (31.06, "b", c2), (31.06, "a", c2)], 10.0)
     state = ctl.initial_state()
     got = []
+    deployed = {"a": FunctionConfig(512), "b": FunctionConfig(512)}
     for k in range(1, 5):
-        out, state = ctl.decide(_snap(10.0 * k, {}), state)
+        out, state = ctl.decide(_snap(10.0 * k, deployed), state)
         got.append(out)
     assert got == [{"a": c1}, {}, {"a": c2, "b": c2}, {}]
+    # a function the snapshot lacks gets no decision (the count still advances)
+    out, _ = ctl.decide(_snap(30.0, {"b": FunctionConfig(512)}), 2)
+    assert out == {"b": c2}
 
 
 def test_caller_overhead_delays_the_request_but_holds_no_slot() -> None:

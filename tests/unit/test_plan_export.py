@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from moefleet.autoscale.base import FunctionConfig
 from moefleet.cli import app
+from moefleet.control import FunctionConfig
 from moefleet.plan import DeploymentPlan
 from moefleet.plan.export import FORMATS, ExportError, export, k8s_name, parse_export
 from moefleet.platform import load_platform

@@ -1,4 +1,4 @@
-"""``moefleet.remoe.calibrate`` by hand: per-part times from fabricated steps and records,
+"""``moefleet.calibration.remoe`` by hand: per-part times from fabricated steps and records,
 slot counts from reply sizes, and the calibrated problem the planner and simulator get."""
 
 from __future__ import annotations
@@ -9,10 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from moefleet.errors import MoefleetError
-from moefleet.plan.remoe.shapes import Timing, model_dims, problem_for
-from moefleet.platform import InvocationRecord, load_platform
-from moefleet.remoe.calibrate import (
+from moefleet.calibration.remoe import (
     RemoeCalibration,
     StepTiming,
     calibrate,
@@ -21,6 +18,9 @@ from moefleet.remoe.calibrate import (
     metered_prices,
     record_slots,
 )
+from moefleet.errors import MoefleetError
+from moefleet.plan.remoe.shapes import Timing, model_dims, problem_for
+from moefleet.platform import InvocationRecord, load_platform
 from moefleet.runtime.local import LocalBackend
 from moefleet.runtime.payload import pack
 

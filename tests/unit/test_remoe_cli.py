@@ -48,7 +48,7 @@ def test_remoe_plan_has_main_and_groups(files: dict[str, Path]) -> None:
     for g in plan.groups:
         fns = pl.expert_functions(g.layer)
         assert len(fns) == 1 and fns[0].replicas == g.replicas
-        assert sorted(fns[0].experts + tuple(plan.local_experts(g.layer))) == list(range(64))
+        assert sorted(fns[0].experts + tuple(plan.main_expert_ids(g.layer))) == list(range(64))
     assert DeploymentPlan.from_yaml(plan.to_yaml()) == plan
     shown = runner.invoke(app, ["plan", "show", str(files["out"])])
     assert shown.exit_code == 0 and "main" in shown.stdout

@@ -5,10 +5,13 @@ the ``meta`` device (which moves tensors like CUDA would, without computing)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 import torch
 
 from moefleet.experts.split import SplitExperts, held_experts
+from moefleet.experts.stack import ExpertStack
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import small_mixtral
 from moefleet.runtime.main_model import DeviceError, gpu_label, main_device, place_non_experts
@@ -51,7 +54,7 @@ def test_gpu_label() -> None:
 def test_place_non_experts_moves_everything_but_the_routed_experts() -> None:
     adapter = HFMoEAdapter(small_mixtral())
     experts = {p.data_ptr() for layer in adapter.moe_layers
-               for p in adapter.stacked_experts(layer)[:2]}  # type: ignore[index]
+               for p in adapter.stacked_expert_weights(layer)[:2]}  # type: ignore[index]
     place_non_experts(adapter, torch.device("cpu"))  # the CPU: nothing moves
     assert all(p.device.type == "cpu" for p in adapter.model.parameters())
     place_non_experts(adapter, torch.device("meta"))  # stands in for CUDA
@@ -70,9 +73,9 @@ def test_split_on_the_experts_device_is_a_no_op_and_forwards_owners() -> None:
     held = held_experts({layer: {e: adapter.expert_view(layer, e) for e in range(4)}})
     owners: list[list[str] | None] = []
 
-    class Remote:  # an ExpertFn that bills owners, as RemoteExperts does
-        def set_owners(self, o: list[str] | None) -> None:
-            owners.append(o)
+    class Remote(ExpertStack):  # a piece that bills owners, as RemoteExperts does
+        def set_owners(self, o: Sequence[str] | None) -> None:
+            owners.append(None if o is None else list(o))
 
         def __call__(self, lay: int, x: torch.Tensor, ids: torch.Tensor,
                      w: torch.Tensor) -> torch.Tensor:

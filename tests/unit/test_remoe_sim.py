@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from moefleet.plan.remoe import Layout, RemoeProblem, TimeLaw, evaluate, plan_policy
+from moefleet.platform.spec_blocks import Billing
 from moefleet.sim.config import SimError
 from moefleet.sim.remoe import RemoeSimulator
 from tests.unit.remoe_helpers import GB, remoe_problem
@@ -73,8 +74,12 @@ def test_concurrent_requests_start_more_instances_and_bad_input_is_refused() -> 
     got = RemoeSimulator(p, lay, keep_alive_s=0.0).run([0.0, 0.0, 0.0])
     assert got.main_cold_starts == 3 and len(got.ttft_s) == 3
     assert got.remote_cold_starts >= 2  # the remote function is busy: more instances
-    billed = RemoeSimulator(p, lay, billing_granularity_s=10.0).run([0.0])
+    rule = Billing(granularity_ms=10_000, min_billed_ms=0, init_billed=False)
+    billed = RemoeSimulator(p, lay, billing=rule).run([0.0])
     assert billed.remote_decode_cost == pytest.approx(3 * 2.0 * 10.0)  # 3 calls of 10 s
+    # the meter's minimum applies too (the simulator once rounded without it)
+    floor = Billing(granularity_ms=1, min_billed_ms=50_000, init_billed=False)
+    assert RemoeSimulator(p, lay, billing=floor).run([0.0]).remote_billed_s == 4 * 50.0  # 1 + 3
     with pytest.raises(SimError, match="arrival times"):
         RemoeSimulator(p, lay).run([-1.0])
     with pytest.raises(SimError, match="does not match"):

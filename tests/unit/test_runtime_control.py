@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from moefleet.autoscale.base import (
-    AutoscaleError,
-    Controller,
+from moefleet.control import (
+    ControlError,
     Decisions,
     FunctionConfig,
     MetricsSnapshot,
     PolicyState,
+    ScalingController,
 )
 from moefleet.runtime import FunctionSpec, HandlerRef
 from moefleet.runtime.control import ControlConfig, ControlLoop
@@ -28,7 +28,7 @@ class _Clock:
         return self.t
 
 
-class _Grow(Controller):
+class _Grow(ScalingController):
     """Doubles the memory of the busiest expert once; records what it saw."""
 
     name = "grow"
@@ -88,7 +88,7 @@ def test_control_loop_snapshots_and_applies_with_delay() -> None:
 
 
 def test_bad_interval_is_an_error() -> None:
-    with pytest.raises(AutoscaleError, match="interval"):
+    with pytest.raises(ControlError, match="interval"):
         ControlConfig(interval_s=0)
-    with pytest.raises(AutoscaleError, match="delay"):
+    with pytest.raises(ControlError, match="delay"):
         ControlConfig(apply_delay_s=-1)

@@ -54,3 +54,21 @@ def test_build_store_stacks_wrappers(tmp_path: Path) -> None:
         build_store({"url": str(tmp_path), "wrap": "nowhere.at_all:thing"})
     with pytest.raises(StorageError):
         LatencyStore(LocalObjectStore(tmp_path), -1.0, 1.0)
+
+
+def test_one_retrying_store_for_injected_503s_and_dropped_connections(tmp_path: Path) -> None:
+    from moefleet.runtime.stores import StoreUnavailableError
+
+    for failure in ("store-503", "store-drop"):
+        inner = LocalObjectStore(tmp_path / failure)
+        store = RetryingStore(FaultyStore(inner, ("put", "get"), fail_first=2,
+                                          failure=failure), seed=0)  # type: ignore[arg-type]
+        store.put("k", b"v")  # two injected failures, then through
+        assert store.retries == 2 and inner.get("k") == b"v"
+    # a 503 on every attempt: the policy's attempts, then the key and the count
+    always = RetryingStore(FaultyStore(LocalObjectStore(tmp_path / "x"), ("get",),
+                                       fail_first=-1, failure="store-503"),
+                           attempts=3, backoff_s=0.0)
+    with pytest.raises(StorageError, match="GET 'k' failed 3 times") as info:
+        always.get("k")
+    assert isinstance(info.value.__cause__, StoreUnavailableError)

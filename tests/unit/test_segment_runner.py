@@ -13,6 +13,7 @@ import torch
 
 from moefleet.compose import open_engine
 from moefleet.compose.score import score, score_options
+from moefleet.errors import MoefleetError
 from moefleet.experts.remote import RemoteExperts
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
@@ -223,7 +224,7 @@ def test_missing_weights_name_the_object(
     key = dep.layout.segments[1]
     store.delete(key)
     with segment_batches(adapter, dep, platform, backend, store) as ex, pytest.raises(
-            RuntimeError, match=f"HandlerError: seg-1: init failed.*{key}") as info:
+            MoefleetError, match=f"HandlerError: seg-1: init failed.*{key}") as info:
         ex.run_batch(*_batch())
     assert "deploy the model again" in str(info.value)  # the hint travels with the error
 
@@ -247,7 +248,7 @@ def test_storage_faults_in_functions(
                 diff = ((out - adapter.reference_forward(ids, mask))[mask.bool()])
                 assert diff.abs().max() <= 1e-4  # real tokens (padding skips the experts)
             else:
-                with pytest.raises(RuntimeError, match=r"seg-0: run failed: StorageError: "
+                with pytest.raises(MoefleetError, match=r"seg-0: run failed: StorageError: "
                                                        r"GET '.*/out-0' failed 3 times"):
                     ex.run_batch(ids, mask)
         assert not [k for k in store.list(dep.prefix + "/") if "/runs/" in k]

@@ -6,11 +6,12 @@ from dataclasses import replace
 
 import pytest
 
+from moefleet.calibration.sim import MeasuredRun, calibrate
 from moefleet.errors import MoefleetError
 from moefleet.plan import PlanError
 from moefleet.platform import Meter
 from moefleet.sim import SimConfig, SimError, Simulator
-from moefleet.sim.calibrate import Calibration, MeasuredRun, apply_calibration, calibrate
+from moefleet.sim.config import Calibration, apply_calibration
 from moefleet.workloads import Arrival, PoissonWorkload
 from tests.unit.sim_helpers import arrivals, plan, profile, spec
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from moefleet.autoscale import AutoscalePolicy, MetricsSnapshot, PolicyState
+from moefleet.control import MetricsSnapshot, PolicyState, ScalingController
 from moefleet.sim import SimConfig, Simulator
 from tests.unit.sim_helpers import GB_S, GET, PUT, REQ, arrivals, plan, profile, spec
 
@@ -15,7 +15,7 @@ WARM = SimConfig(prewarm=True)
 def run(p=None, prof=None, times=(0.0,), cfg=WARM, duration=100.0, decoder=False, top_k=1,
         prompt=10, output=None, policy=None):  # type: ignore[no-untyped-def]
     sim = Simulator(p or plan(), prof or profile(), spec(), top_k=top_k, decoder=decoder,
-                    config=cfg, policy=policy)
+                    config=cfg, controller=policy)
     return sim.run(arrivals(*times, prompt=prompt, output=output), duration)
 
 
@@ -157,7 +157,7 @@ def test_slo_violations_counted() -> None:
     assert r.slo_violation_rate == pytest.approx(0.5)  # the cold 3.455 s one misses 1 s
 
 
-class _Recorder(AutoscalePolicy):
+class _Recorder(ScalingController):
     name = "recorder"
 
     def __init__(self) -> None:

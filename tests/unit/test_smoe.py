@@ -9,7 +9,6 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from moefleet.autoscale.base import FunctionConfig, FunctionMetrics, MetricsSnapshot
 from moefleet.autoscale.smoe import (
     NUM_FEATURES,
     ActorSpec,
@@ -21,6 +20,7 @@ from moefleet.autoscale.smoe import (
     node_features,
     soft_action,
 )
+from moefleet.control import FunctionConfig, FunctionMetrics, MetricsSnapshot
 from moefleet.plan.plan import DeploymentPlan
 from moefleet.sim.synthetic import SyntheticModel
 

@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from moefleet.autoscale.base import AutoscaleError
+from moefleet.autoscale.errors import AutoscaleError
 from moefleet.autoscale.smoe import ActorSpec, ConfigSpace, DDPGConfig
 from moefleet.autoscale.smoe.checkpoint import KEY, agent_state
 from moefleet.autoscale.smoe.train import TrainSetup, load_checkpoint, save_checkpoint, train
@@ -163,3 +163,8 @@ def test_format1_checkpoints_are_refused_with_the_converter_and_convert(
     res = CliRunner().invoke(app, ["autoscale", "convert-checkpoint", str(new),
                                    str(tmp_path / "x.safetensors")])
     assert res.exit_code != 0 and "already a format-2 checkpoint" in res.stderr
+    again = tmp_path / "again.safetensors"
+    res = CliRunner().invoke(app, ["autoscale", "convert-checkpoint", str(old), str(again),
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout) == {"input": str(old), "output": str(again), "format": 2}

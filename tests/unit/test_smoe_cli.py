@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from moefleet.autoscale.base import AutoscaleError
+from moefleet.autoscale.errors import AutoscaleError
 from moefleet.autoscale.smoe import ConfigSpace
 from moefleet.autoscale.smoe.train import (
     TrainSetup,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from moefleet.autoscale.base import AutoscaleError
+from moefleet.autoscale.errors import AutoscaleError
 from moefleet.autoscale.smoe import ActorSpec, ConfigSpace, DDPGConfig
 from moefleet.autoscale.smoe.agent import imitation_weight
 from moefleet.autoscale.smoe.figs import best_baseline, compare, normalise

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from moefleet.autoscale.base import AutoscaleError, FunctionConfig
+from moefleet.autoscale.errors import AutoscaleError
 from moefleet.autoscale.smoe.harness import build_scenario, run_episode
 from moefleet.autoscale.smoe.popularity import PlanPolicy
 from moefleet.autoscale.smoe.space import ConfigSpace
+from moefleet.control import ControlError, FunctionConfig
 from moefleet.errors import MoefleetError
 from moefleet.plan import DeploymentPlan
 from moefleet.plan.export import FORMATS, export, parse_export
@@ -51,7 +52,7 @@ def test_gpu_axis_order_vectors_and_neighbours() -> None:
     assert space.without_concurrency().gpu_share == SHARES
     with pytest.raises(AutoscaleError):
         ConfigSpace(gpu_share=(0.5, 0.25))
-    with pytest.raises(AutoscaleError):
+    with pytest.raises(ControlError):
         FunctionConfig(1024, gpu_share=1.5)
 
 

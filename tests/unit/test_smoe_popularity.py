@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from moefleet.autoscale.base import FunctionConfig, FunctionMetrics, MetricsSnapshot, StaticPolicy
 from moefleet.autoscale.smoe import ActorSpec, ConfigSpace, DDPGConfig, SmoeAgent, SmoeController
 from moefleet.autoscale.smoe.graph import PipelineDAG
 from moefleet.autoscale.smoe.harness import build_scenario
@@ -22,6 +21,7 @@ from moefleet.autoscale.smoe.popularity import (
     pop_plan,
     predicted_shares,
 )
+from moefleet.control import FunctionConfig, FunctionMetrics, MetricsSnapshot, StaticPolicy
 from moefleet.predict.synthetic import synthetic_trace
 from moefleet.traces.schema import write_trace
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moefleet.autoscale.base import AutoscaleError
+from moefleet.autoscale.errors import AutoscaleError
 from moefleet.autoscale.smoe.harness import build_scenario, unloaded_latency_s
 from moefleet.autoscale.smoe.train import (
     SLO_HEADROOM,

@@ -1,40 +1,19 @@
-"""Autoscaling: the policy interface (``base``) and baseline policies (``baselines``).
+"""Autoscaling: the baseline scaling controllers (``baselines``), a FaaSConf-like one
+(``faasconf``) and the sMoE RL controller (``smoe``).
 
-Policies are pure functions of a metrics snapshot; the simulator (``moefleet.sim``) and
-the runtime apply their decisions. The sMoE RL policy implements the same interface.
+Every one is a :class:`~moefleet.control.ScalingController`: a pure function of a
+metrics snapshot; the simulator (``moefleet.sim``) and the runtime control loop
+(``moefleet.runtime.control``) apply its decisions. The interface, the bounds and the
+wrappers live in :mod:`moefleet.control`.
 """
 
-from moefleet.autoscale.base import (
-    AutoscaleError,
-    AutoscalePolicy,
-    BoundedPolicy,
-    Controller,
-    Decisions,
-    FunctionConfig,
-    FunctionMetrics,
-    LayerMetrics,
-    MetricsSnapshot,
-    PolicyState,
-    ScalingBounds,
-    StaticPolicy,
-)
 from moefleet.autoscale.baselines import POLICIES, ElasticMoEPolicy, HPAPolicy, make_policy
+from moefleet.autoscale.errors import AutoscaleError
 
 __all__ = [
     "POLICIES",
     "AutoscaleError",
-    "AutoscalePolicy",
-    "BoundedPolicy",
-    "Controller",
-    "Decisions",
     "ElasticMoEPolicy",
-    "FunctionConfig",
-    "FunctionMetrics",
     "HPAPolicy",
-    "LayerMetrics",
-    "MetricsSnapshot",
-    "PolicyState",
-    "ScalingBounds",
-    "StaticPolicy",
     "make_policy",
 ]

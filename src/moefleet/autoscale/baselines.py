@@ -9,7 +9,7 @@
   replica's service rate is measured (tokens / busy seconds, so call overheads count)
   when the function ran in the interval, else taken from the compute profile.
 
-Both are stateless and meant to be wrapped in :class:`~moefleet.autoscale.base.BoundedPolicy`
+Both are stateless and meant to be wrapped in :class:`~moefleet.control.Bounded`
 (bounds, hysteresis, delays); :func:`make_policy` does that with sensible defaults.
 """
 
@@ -19,15 +19,15 @@ import math
 from dataclasses import replace
 from typing import Literal
 
-from moefleet.autoscale.base import (
-    AutoscaleError,
-    AutoscalePolicy,
-    BoundedPolicy,
+from moefleet.autoscale.errors import AutoscaleError
+from moefleet.control import (
+    Bounded,
     Decisions,
     FunctionMetrics,
     MetricsSnapshot,
     PolicyState,
     ScalingBounds,
+    ScalingController,
     StaticPolicy,
 )
 from moefleet.errors import UnknownNameError
@@ -35,7 +35,7 @@ from moefleet.errors import UnknownNameError
 POLICIES = ("static", "hpa", "elasticmoe")
 
 
-class HPAPolicy(AutoscalePolicy):
+class HPAPolicy(ScalingController):
     """Replicas proportional to load per replica (k8s HPA rule, no memory changes)."""
 
     name = "hpa"
@@ -67,7 +67,7 @@ class HPAPolicy(AutoscalePolicy):
         return out, state
 
 
-class ElasticMoEPolicy(AutoscalePolicy):
+class ElasticMoEPolicy(ScalingController):
     """Replicas proportional to each function's token load (experts and segments)."""
 
     name = "elasticmoe"
@@ -106,11 +106,11 @@ def make_policy(
     upscale_delay_s: float = 0.0,
     downscale_delay_s: float = 60.0,
     tolerance: float = 0.1,
-) -> AutoscalePolicy:
+) -> ScalingController:
     """A policy by name (``static``, ``hpa``, ``elasticmoe``), wrapped in the shared
     bounds/hysteresis/delay rules (``static`` is returned bare: it never decides)."""
     key = name.strip().lower()
-    inner: AutoscalePolicy
+    inner: ScalingController
     if key == "static":
         return StaticPolicy()
     if key == "hpa":
@@ -120,5 +120,5 @@ def make_policy(
     else:
         raise UnknownNameError(f"unknown autoscale policy {name!r}",
                                f"use one of: {', '.join(POLICIES)}")
-    return BoundedPolicy(inner, bounds, upscale_delay_s=upscale_delay_s,
+    return Bounded(inner, bounds, upscale_delay_s=upscale_delay_s,
                          downscale_delay_s=downscale_delay_s, tolerance=tolerance)

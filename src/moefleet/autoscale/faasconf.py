@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from moefleet.autoscale.base import (
-    AutoscaleError,
-    AutoscalePolicy,
+from moefleet.autoscale.errors import AutoscaleError
+from moefleet.control import (
     Decisions,
     FunctionConfig,
     MetricsSnapshot,
     PolicyState,
+    ScalingController,
 )
 
 
@@ -32,7 +32,7 @@ def default_ladder(memory_mb: Sequence[int], replicas: Sequence[int]) -> list[Fu
     return rungs
 
 
-class FaaSConfLikePolicy(AutoscalePolicy):
+class FaaSConfLikePolicy(ScalingController):
     """Per-function agents on a configuration ladder (see the module doc)."""
 
     name = "faasconf"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from moefleet.brownout.groups import Grouping, check_ways, index_groups
+from moefleet.brownout.groups import BrownoutError, Grouping, check_ways, index_groups
 from moefleet.brownout.united import (
     UnitedExperts,
     check_grouping_kind,
@@ -209,11 +210,13 @@ def distill(adapter: MoEModelAdapter, ways: int, kind: str, cfg: DistillConfig |
             return cached
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
+    total = sum(-(-adapter.num_experts(layer) // ways) for layer in adapter.moe_layers)
+    if progress is not None:  # the capture below is the first long silent step
+        progress(0, total, f"running {cfg.calib_tokens} calibration tokens")
     captured = capture(adapter, calibration_ids(adapter, cfg))
     groups: dict[int, tuple[tuple[int, ...], ...]] = {}
     modules: dict[int, list[nn.Module]] = {}
     layers_report = []
-    total = sum(-(-adapter.num_experts(layer) // ways) for layer in adapter.moe_layers)
     done = 0
     for layer in adapter.moe_layers:
         x_ND, ids_NK = captured[layer]
@@ -227,6 +230,12 @@ def distill(adapter: MoEModelAdapter, ways: int, kind: str, cfg: DistillConfig |
         for members in groups[layer]:
             united, st = distill_group([experts[e] for e in members], x_ND, ids_NK, members,
                                        cfg, gen)
+            if st["rel_err"] is not None and not math.isfinite(st["rel_err"]):
+                # NaN weights or activations: caching this would serve NaN forever.
+                raise BrownoutError(
+                    f"distilling layer {layer}'s experts {list(members)} gave a relative "
+                    f"error of {st['rel_err']}; nothing was cached",
+                    "the model's weights or activations hold NaN or infinity: rebuild it")
             modules[layer].append(united)
             stats.append(st)
             done += 1

@@ -1,7 +1,8 @@
 """Brownout's plan for one layer call (BrownoutServe Alg. 1, as READING-NOTES reads it):
 which experts run as themselves, which go to their group's united expert, which are dropped.
-Pure Python over per-expert counts; the ExpertFn that applies a plan is
-:class:`moefleet.experts.brownout.BrownoutExperts`.
+Pure Python over per-expert counts (:func:`plan_layer`, the reference), and the same plan
+as device masks with no host read (:func:`plan_layer_device`, what a step uses); the
+ExpertFn that applies a plan is :class:`moefleet.experts.brownout.BrownoutExperts`.
 
 Per MoE layer and call (one engine step):
 
@@ -21,6 +22,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+import torch
 
 from moefleet.errors import MoefleetError
 
@@ -116,3 +119,62 @@ def plan_layer(
     united = {g: tuple(sorted(m)) for g, m in sorted(by_group.items()) if len(m) > 1}
     special = tuple(sorted(m[0] for m in by_group.values() if len(m) == 1))
     return BrownoutPlan(tuple(s1), united, special, ())
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """:func:`plan_layer` as masks over the layer's experts, on the counts' device:
+    ``original_E`` (S1 and special experts: run as themselves), ``united_E`` (S2 members
+    of groups with >= 2 of them: sent to the group's united expert), ``dropped_E`` (full
+    brownout's S2). ``s1_E`` and ``counts_E`` keep what :meth:`to_plan` needs."""
+
+    counts_E: torch.Tensor
+    s1_E: torch.Tensor
+    original_E: torch.Tensor
+    united_E: torch.Tensor
+    dropped_E: torch.Tensor
+    united_groups: torch.Tensor  # scalar: groups whose united expert runs
+
+    def to_plan(self, group_of_E: Sequence[int]) -> BrownoutPlan:
+        """The same plan as Python tuples (reads the masks: for inspection, not the step)."""
+        counts = self.counts_E.tolist()
+        s1 = sorted((e for e, m in enumerate(self.s1_E.tolist()) if m),
+                    key=lambda e: (-counts[e], e))
+        special = tuple(e for e, (o, s) in enumerate(zip(self.original_E.tolist(),
+                                                         self.s1_E.tolist(), strict=True))
+                        if o and not s)
+        united: dict[int, list[int]] = {}
+        for e, m in enumerate(self.united_E.tolist()):
+            if m:
+                united.setdefault(group_of_E[e], []).append(e)
+        dropped = tuple(e for e, m in enumerate(self.dropped_E.tolist()) if m)
+        return BrownoutPlan(tuple(s1), {g: tuple(m) for g, m in sorted(united.items())},
+                            special, dropped)
+
+
+def plan_layer_device(counts_E: torch.Tensor, threshold: float, group_of_E: torch.Tensor,
+                      num_groups: int, mode: str) -> DevicePlan:
+    """:func:`plan_layer` vectorised over experts and groups, with no host read.
+
+    S1 is a prefix of the experts sorted by count (descending, ties by index: a stable
+    sort of the negated counts); an expert is in it iff the pairs of the experts before
+    it fall short of ``threshold * total`` (with the same slack) and it has pairs. In
+    partial mode a group's S2 members go to its united expert when there are >= 2 of
+    them, else the lone one runs as itself (the special case)."""
+    order_E = torch.argsort(-counts_E, stable=True)
+    sorted_E = counts_E[order_E]
+    before_E = torch.cumsum(sorted_E, 0) - sorted_E
+    total = counts_E.sum().double()
+    need = threshold * total - _EPS * torch.clamp(total, min=1.0)
+    chosen_sorted = (before_E.double() < need) & (sorted_E > 0)
+    s1_E = torch.zeros_like(chosen_sorted).scatter(0, order_E, chosen_sorted)
+    s2_E = (counts_E > 0) & ~s1_E
+    none = torch.zeros_like(s1_E)
+    if mode == "full":
+        return DevicePlan(counts_E, s1_E, s1_E, none, s2_E, torch.zeros((), dtype=torch.long,
+                                                                        device=s1_E.device))
+    in_group_G = torch.zeros(num_groups, dtype=torch.long, device=counts_E.device)
+    in_group_G.scatter_add_(0, group_of_E, s2_E.long())
+    shared_E = in_group_G[group_of_E] > 1
+    return DevicePlan(counts_E, s1_E, s1_E | (s2_E & ~shared_E), s2_E & shared_E, none,
+                      (in_group_G > 1).sum())

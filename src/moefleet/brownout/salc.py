@@ -1,9 +1,12 @@
-"""SALC, BrownoutServe's SLO-aware latency control (its Alg. 2), as pure controllers.
+"""SALC, BrownoutServe's SLO-aware latency control (its Alg. 2), as a pure controller.
 
-A controller is a pure function ``(snapshot, state) -> (decision, state)``, like the
-autoscaling policies: it never reads a clock (the snapshot carries the time) and never
-mutates its state (states are frozen values), so the engine, the simulator and the
-fake-clock tests drive the same code.
+:class:`SALC` is a :class:`~moefleet.control.Controller` like the scaling controllers:
+``SALC.decide(window, state) -> (decisions, state)`` reads a :class:`LatencyWindow` (the
+time and recent TTFT / TPOT samples) and decides the brownout threshold of each step
+kind; its state is the thresholds (:class:`SALCPairState`, frozen). It never reads a
+clock (the window carries the time) and never mutates its input, so the engine's step
+hook (``experts.brownout_hook.SALCHook``, which only feeds windows and applies the
+decision) and the fake-clock tests drive the same code.
 
 Rule, evaluated at most once per ``interval_s`` (the first snapshot always checks):
 
@@ -12,8 +15,8 @@ Rule, evaluated at most once per ``interval_s`` (the first snapshot always check
     p90 < warning * slo       -> threshold += increment   (capped at 1: zero brownout)
     otherwise, or no samples  -> unchanged
 
-Prefill and decode are controlled separately (:class:`SALC`): the prefill controller
-watches TTFT against the TTFT SLO, the decode controller TPOT against the TPOT SLO, and
+Prefill and decode are controlled separately (:class:`SALC`): the prefill rule
+watches TTFT against the TTFT SLO, the decode rule TPOT against the TPOT SLO, and
 an engine step uses the threshold of its kind. Defaults are the paper's (warning 0.8,
 increment 0.1, shrink 0.8; SLOs 0.25 s / 0.15 s).
 
@@ -26,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from moefleet.brownout.groups import BrownoutError, check_threshold
 
@@ -108,31 +111,68 @@ def salc_step(cfg: SALCConfig, snap: LatencySnapshot, state: SALCState
     return decision, replace(checked, threshold=threshold)
 
 
+def _check_kind(kind: str) -> str:
+    if kind not in ("prefill", "decode"):
+        raise BrownoutError(f"step kind {kind!r} is unknown", "use 'prefill' or 'decode'")
+    return kind
+
+
+@dataclass(frozen=True)
+class LatencyWindow:
+    """What SALC observes at ``now``: the (finish time, latency) of recent first tokens
+    (``ttft``) and of recent later tokens (``tpot``, the inter-token gaps), seconds.
+    Older samples may be included; each rule keeps only those inside its window."""
+
+    now: float
+    ttft: Sequence[tuple[float, float]] = ()
+    tpot: Sequence[tuple[float, float]] = ()
+
+
 @dataclass(frozen=True)
 class SALCPairState:
+    """SALC's state: each step kind's threshold and when its rule last checked."""
+
     prefill: SALCState = SALCState()
     decode: SALCState = SALCState()
 
 
-class SALC:
-    """The two controllers of BrownoutServe: prefill on TTFT, decode on TPOT.
+class SALCDecisions(NamedTuple):
+    """One decision per step kind (unpacks as ``(prefill, decode)``)."""
 
-    ``step(ttft_snapshot, tpot_snapshot, state)`` is pure; :meth:`threshold_for` picks
-    the threshold an engine step of a given kind runs with.
+    prefill: SALCDecision
+    decode: SALCDecision
+
+    def threshold(self, kind: Literal["prefill", "decode"]) -> float:
+        """The threshold a step of ``kind`` runs with."""
+        return (self.prefill if _check_kind(kind) == "prefill" else self.decode).threshold
+
+
+class SALC:
+    """The two rules of BrownoutServe as one controller: prefill on TTFT, decode on TPOT.
+
+    ``decide(window, state)`` is pure; :meth:`threshold_for` picks the threshold an engine
+    step of a given kind runs with from a state.
     """
+
+    name = "salc"
 
     def __init__(self, slo_ttft_s: float, slo_tpot_s: float, **common: float) -> None:
         self.prefill = SALCConfig(slo_s=slo_ttft_s, **common)
         self.decode = SALCConfig(slo_s=slo_tpot_s, **common)
 
-    def step(self, ttft: LatencySnapshot, tpot: LatencySnapshot, state: SALCPairState
-             ) -> tuple[tuple[SALCDecision, SALCDecision], SALCPairState]:
-        d_pre, s_pre = salc_step(self.prefill, ttft, state.prefill)
-        d_dec, s_dec = salc_step(self.decode, tpot, state.decode)
-        return (d_pre, d_dec), SALCPairState(s_pre, s_dec)
+    def initial_state(self) -> SALCPairState:
+        """Both thresholds at 1 (zero brownout), never checked."""
+        return SALCPairState()
+
+    def decide(self, window: LatencyWindow, state: SALCPairState
+               ) -> tuple[SALCDecisions, SALCPairState]:
+        d_pre, s_pre = salc_step(self.prefill, LatencySnapshot(window.now, window.ttft),
+                                 state.prefill)
+        d_dec, s_dec = salc_step(self.decode, LatencySnapshot(window.now, window.tpot),
+                                 state.decode)
+        return SALCDecisions(d_pre, d_dec), SALCPairState(s_pre, s_dec)
 
     @staticmethod
     def threshold_for(kind: Literal["prefill", "decode"], state: SALCPairState) -> float:
-        if kind not in ("prefill", "decode"):
-            raise BrownoutError(f"step kind {kind!r} is unknown", "use 'prefill' or 'decode'")
-        return state.prefill.threshold if kind == "prefill" else state.decode.threshold
+        """The threshold a step of ``kind`` runs with in ``state``."""
+        return (state.prefill if _check_kind(kind) == "prefill" else state.decode).threshold

@@ -151,3 +151,25 @@ def find_cached(adapter: MoEModelAdapter, ways: int, kind: str,
                 config: dict[str, Any]) -> UnitedExperts | None:
     path = entry_dir(adapter, ways, kind, config)
     return load_entry(path, adapter, ways) if (path / "report.json").is_file() else None
+
+
+def averaged_united(adapter: MoEModelAdapter, ways: int) -> UnitedExperts:
+    """United experts that are the plain average of their group's experts (index
+    grouping), with no distillation: for speed and memory measurements only (their output
+    quality is not BrownoutServe's). Needs stacked gated experts."""
+    from moefleet.brownout.groups import index_groups
+    from moefleet.models.experts import GatedExpert
+
+    groups: dict[int, tuple[tuple[int, ...], ...]] = {}
+    modules: dict[int, list[nn.Module]] = {}
+    for layer in adapter.moe_layers:
+        stacked = adapter.stacked_expert_weights(layer)
+        if stacked is None:
+            raise BrownoutError(f"{adapter.family} keeps no stacked expert weights",
+                                "distill united experts instead")
+        gate_up, down, act = stacked
+        groups[layer] = index_groups(adapter.num_experts(layer), ways)
+        modules[layer] = [GatedExpert(gate_up[list(g)].mean(0), down[list(g)].mean(0), act)
+                          for g in groups[layer]]
+    return UnitedExperts(adapter.name, model_key(adapter), Grouping(ways, "index", groups),
+                         modules, {"united": "group averages (speed only, not distilled)"})

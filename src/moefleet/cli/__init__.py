@@ -5,14 +5,18 @@ Every sub-command lives in its own module and is registered here.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import signal
+import sys
 
 import typer
 
 from moefleet.cli import autoscale as _autoscale
 from moefleet.cli import bench as _bench
 from moefleet.cli import brownout as _brownout
+from moefleet.cli import compare as _compare
 from moefleet.cli import demo as _demo
 from moefleet.cli import export as _export
 from moefleet.cli import generate as _generate
@@ -23,6 +27,7 @@ from moefleet.cli import platforms as _platforms
 from moefleet.cli import predict as _predict
 from moefleet.cli import profile as _profile
 from moefleet.cli import profile_compute as _profile_compute
+from moefleet.cli import report as _report
 from moefleet.cli import runtime as _runtime
 from moefleet.cli import serve as _serve
 from moefleet.cli import simulate as _simulate
@@ -52,6 +57,8 @@ app.command("demo")(_demo.demo_cmd)
 app.command("deploy")(_runtime.deploy_cmd)
 app.command("run")(_runtime.run_cmd)
 app.command("simulate")(_simulate.simulate_cmd)
+app.command("compare")(_compare.compare_cmd)
+app.command("report")(_report.report_cmd)
 app.command("export")(_export.export_cmd)
 app.command("generate")(_generate.generate_cmd)
 app.command("serve")(_serve.serve_cmd)
@@ -71,4 +78,28 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    app()
+    try:
+        app()
+    except OSError as err:
+        if err.filename is not None or err.errno not in _WRITE_ERRNOS:
+            raise
+        _output_failed(err)
+
+
+#: Errors of writing the standard streams (``> /dev/full``, a closed pipe, a full quota).
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT, errno.EFBIG,
+                 errno.EACCES, errno.EBADF}
+
+
+def _output_failed(err: OSError) -> None:
+    """A write to stdout failed: one line on stderr, exit 1, no traceback. stdout is
+    pointed at /dev/null first, so the interpreter's own flush at exit cannot fail again."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    if err.errno != errno.EPIPE:  # a closed pipe is the reader's choice, not an error
+        with contextlib.suppress(OSError):
+            sys.stderr.write(f"error: cannot write the output: {os.strerror(err.errno or 0)}\n"
+                             "hint: free space on the disk, or write the output elsewhere\n")
+            sys.stderr.flush()
+    raise SystemExit(1)

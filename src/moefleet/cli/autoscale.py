@@ -138,8 +138,10 @@ def train_cmd(
 
         if threads < 1:
             raise MoefleetError(f"--threads must be >= 1, got {threads}")
-        if time_budget is not None and time_budget <= 0:
-            raise MoefleetError(f"--time-budget must be > 0 s, got {time_budget:g}")
+        if time_budget is not None and not 0 < time_budget < float("inf"):
+            # "not 0 < x" also refuses NaN, which every comparison would let through.
+            raise MoefleetError(f"--time-budget must be a finite number of seconds > 0, "
+                                f"got {time_budget:g}", "e.g. --time-budget 1500")
         if not 1 <= window_minutes <= 60 or not 0 < mean_rps <= 1000:
             raise MoefleetError(f"--window-minutes {window_minutes} must be in 1..60 and "
                                 f"--mean-rps {mean_rps:g} in (0, 1000]")
@@ -287,6 +289,7 @@ def eval_cmd(
 def convert_cmd(
     old: Annotated[Path, typer.Argument(help="Format-1 checkpoint (a torch pickle, .pt).")],
     new: Annotated[Path, typer.Argument(help="Format-2 checkpoint to write (.safetensors).")],
+    json_out: Annotated[bool, typer.Option("--json", help="print JSON on stdout")] = False,
 ) -> None:
     """Convert an sMoE checkpoint of format 1 (a torch pickle) to format 2 (safetensors
     + JSON). The old file is read with torch's weights_only loader: a file holding
@@ -299,4 +302,7 @@ def convert_cmd(
         from moefleet.autoscale.smoe.convert import convert_checkpoint
 
         path = convert_checkpoint(old, new)
+    if json_out:
+        emit_json({"input": str(old), "output": str(path), "format": 2})
+        return
     out_console(False).print(f"wrote {path} (sMoE checkpoint format 2)", highlight=False)

@@ -55,6 +55,9 @@ def demo_cmd(
         min=1, max=L.MAX_WORKERS, help="Local worker processes.")] = None,
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Where results go.")] = Path(
         "out/demo"),
+    compare: Annotated[bool, typer.Option(
+        help="End with `moefleet compare --quick` of the model on the platform and a GPU "
+        "platform (out/demo/compare, report.html).")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Plan, deploy and bill the default MoE model end to end; compare with baselines.
@@ -109,3 +112,31 @@ def demo_cmd(
     con.print(f"BO: {bo['iterations']} iterations ({'converged' if bo['converged'] else 'cap'}"
               f"), {bo['wall_s']:.1f} s, evaluator {bo['evaluator']}; report {json_path}, "
               f"chart {png}; total {report['wall_s']:.0f} s")
+    if compare:
+        _compare_step(model, platform, out_dir / "compare", con)
+
+
+def _compare_step(model: str, platform: str, out: Path, con: Any) -> None:
+    """The demo's last step: every policy on the demo's model (quick), the demo's
+    platform and a GPU platform, Azure LLM conversation traffic; the table, the
+    recommendation and a self-contained report."""
+    from moefleet.cli.compare import table
+    from moefleet.compare.html import write_report
+    from moefleet.compare.output import write_outputs
+    from moefleet.compare.run import run_compare
+
+    con.print("[bold]compare[/]: every policy on the same traffic (quick)")
+    with user_errors():
+        res = run_compare(model=model, traffic="azure-llm:conv",
+                          platforms=[platform, "alibaba-fc-gpu"], slo_ttft_s=10.0,
+                          slo_tpot_s=0.2, duration_s=300, quick=True,
+                          say=lambda m: con.print(f"· compare: {m}"),
+                          command=f"moefleet compare --model {model} --traffic "
+                          f"azure-llm:conv --platform {platform},alibaba-fc-gpu "
+                          "--slo-ttft 10 --slo-tpot 0.2 --duration 300 --quick")
+        data = res.to_dict()
+        write_outputs(data, out)
+        page = write_report(out)
+    con.print(table(data))
+    con.print(f"[bold]recommendation:[/] {data['recommendation']}")
+    con.print(f"compare: {len(data['rows'])} rows in {data['wall_s']:.0f} s; report {page}")

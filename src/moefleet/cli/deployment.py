@@ -36,7 +36,16 @@ FaultsOpt = Annotated[str | None, typer.Option(
     help="resilience testing: KIND:RATE[:SEED[:SECONDS]], KIND one of crash, timeout, "
          "throttle, straggler, stall, error; RATE = fraction of expert calls (at the "
          "backend with --plan: crash kills real local workers; else emulated)")]
-KernelOpt = Annotated[str, typer.Option(help="in-process expert kernel: auto, stacked or loop")]
+KernelOpt = Annotated[str, typer.Option(
+    help="in-process expert kernel: auto, fused, stacked or loop")]
+DtypeOpt = Annotated[str, typer.Option(
+    help="weights, activations and KV cache: auto (checkpoint's on a GPU, the faster "
+         "measured one on the CPU), bfloat16, float16 or float32")]
+KVMemoryOpt = Annotated[str | None, typer.Option(
+    help="KV cache size, e.g. 4GiB (default: from GPU memory on a GPU; on the CPU room "
+         "for max-num-seqs full sequences, at most 2GiB)")]
+GpuUtilOpt = Annotated[float, typer.Option(
+    help="GPU: fraction of the device's memory for weights, activations and KV blocks")]
 
 
 @dataclass
@@ -52,14 +61,20 @@ class DeploymentArgs:
     device: str = "cpu"
     kernel: str = "auto"
     max_num_seqs: int = 64
+    dtype: str = "auto"
+    kv_cache_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
 
 
 def parse(*, plan: str | None, backend: str, store: str | None, workers: int | None,
           brownout: str | None, inject_faults: str | None, device: str, kernel: str,
-          max_num_seqs: int) -> DeploymentArgs:
+          max_num_seqs: int, dtype: str = "auto", kv_cache_memory: str | None = None,
+          gpu_memory_utilization: float = 0.9) -> DeploymentArgs:
     """Check every shared option and read the files they name; no model loads here."""
-    from moefleet.engine.build import check_engine_args
+    from moefleet.engine.build import check_engine_args, resolve_device
+    from moefleet.engine.kv_sizing import check_fraction, parse_size
     from moefleet.experts.kernels import KERNELS
+    from moefleet.models.dtypes import DTYPES, check_dtype_name, check_supported
 
     if plan is None and (store is not None or workers is not None):
         raise MoefleetError("--store and --workers only apply with --plan",
@@ -72,8 +87,14 @@ def parse(*, plan: str | None, backend: str, store: str | None, workers: int | N
     if kernel not in KERNELS:
         raise MoefleetError(f"unknown --kernel {kernel!r}", f"use one of {', '.join(KERNELS)}")
     check_engine_args(device, max_num_seqs)
+    check_dtype_name(dtype)
+    if dtype != "auto":
+        check_supported(DTYPES[dtype], resolve_device(device))
     args = DeploymentArgs(backend=backend, store=store, workers=workers, device=device,
-                          kernel=kernel, max_num_seqs=max_num_seqs)
+                          kernel=kernel, max_num_seqs=max_num_seqs, dtype=dtype,
+                          kv_cache_bytes=None if kv_cache_memory is None
+                          else parse_size(kv_cache_memory),
+                          gpu_memory_utilization=check_fraction(gpu_memory_utilization))
     if brownout is not None:
         from moefleet.experts.brownout_control import parse_brownout_spec
 
@@ -97,6 +118,44 @@ def parse(*, plan: str | None, backend: str, store: str | None, workers: int | N
     return args
 
 
+def load_model(model: str, args: DeploymentArgs) -> MoEModelAdapter:
+    """The model in ``--dtype``, a real shape built directly on ``--device``."""
+    from moefleet.models.registry import load_adapter
+
+    return load_adapter(model, dtype=args.dtype, device=args.device)
+
+
+class DistillProgress:
+    """Distilling united experts (``--brownout``, first time only) takes minutes: a
+    progress line with an ETA on stderr, rewritten in place on a terminal; elsewhere
+    (a log, a pipe) one plain line per group at most every 5 s, and the last one."""
+
+    def __init__(self, model: str, every_s: float = 5.0) -> None:
+        self.model, self.every_s = model, every_s
+        self.t0: float | None = None
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int, what: str) -> None:
+        import sys
+        import time
+
+        now = time.monotonic()
+        if self.t0 is None:
+            self.t0 = self.last = now
+            sys.stderr.write(f"note: distilling united experts of {self.model} for "
+                             "--brownout (once; cached afterwards)\n")
+        elapsed = now - self.t0
+        eta = f"{elapsed / done * (total - done):.0f} s" if done else "unknown"
+        line = (f"distilling united experts: {done}/{total} groups, {elapsed:.0f} s "
+                f"elapsed, ETA {eta} ({what})")
+        if sys.stderr.isatty():
+            sys.stderr.write("\r" + line + ("\n" if done == total else ""))
+        elif done in (0, 1, total) or now - self.last >= self.every_s:
+            sys.stderr.write(line + "\n")
+            self.last = now
+        sys.stderr.flush()
+
+
 @contextlib.contextmanager
 def open_cli_engine(adapter: MoEModelAdapter, args: DeploymentArgs, *, model_ref: str,
                     billing: Any = None, **engine: Any) -> Iterator[OpenedEngine]:
@@ -104,8 +163,11 @@ def open_cli_engine(adapter: MoEModelAdapter, args: DeploymentArgs, *, model_ref
     from moefleet.compose import EngineOptions, StackOptions, open_engine
 
     stack = StackOptions(kernel=args.kernel, brownout=args.brownout,  # type: ignore[arg-type]
-                         faults=args.faults)
-    options = EngineOptions(device=args.device, max_num_seqs=args.max_num_seqs, **engine)
+                         faults=args.faults, distill_progress=DistillProgress(model_ref))
+    sizes: dict[str, Any] = {"kv_budget_bytes": args.kv_cache_bytes,
+                             "gpu_memory_utilization": args.gpu_memory_utilization}
+    options = EngineOptions(device=args.device, max_num_seqs=args.max_num_seqs,
+                            **{**sizes, **engine})
     backend_options = {} if args.workers is None else {"workers": args.workers}
     with open_engine(adapter, plan=args.plan, stack=stack, options=options,
                      backend=args.backend, store=args.store, backend_options=backend_options,

@@ -29,7 +29,7 @@ def export_cmd(
     """
     with user_errors():
         check_outputs(("--out", out), stdout=("--out",))
-        from moefleet.autoscale.base import FunctionConfig
+        from moefleet.control import FunctionConfig
         from moefleet.plan import DeploymentPlan
         from moefleet.plan.export import export
         from moefleet.platform import load_platform
@@ -47,7 +47,9 @@ def export_cmd(
                 raise MoefleetError(f"cannot read decisions {decisions}: {err}",
                                     'write {"exp-0-1": {"memory_mb": 1024, "replicas": 2}}'
                                     ) from None
-        text = export(p, fmt, load_platform(p.platform), image=image, decisions=dec)
+        spec = load_platform(p.platform)
+        p.check_platform(spec)  # a plan its platform cannot run is not exported
+        text = export(p, fmt, spec, image=image, decisions=dec)
         write_data(out or "-", text)
         if out is not None and not is_stdout(out):
             out_console(False).print(f"wrote {out} ({fmt})", highlight=False)

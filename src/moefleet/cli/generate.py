@@ -11,11 +11,15 @@ from moefleet.cli.common import emit_json, err_console, out_console, progress, u
 from moefleet.cli.deployment import (
     BackendOpt,
     BrownoutOpt,
+    DtypeOpt,
     FaultsOpt,
+    GpuUtilOpt,
     KernelOpt,
+    KVMemoryOpt,
     PlanOpt,
     StoreOpt,
     WorkersOpt,
+    load_model,
     open_cli_engine,
     parse,
 )
@@ -39,6 +43,9 @@ def generate_cmd(
     stream: Annotated[bool, typer.Option(help="print text as it is generated")] = False,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N")] = "cpu",
     kernel: KernelOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    kv_cache_memory: KVMemoryOpt = None,
+    gpu_memory_utilization: GpuUtilOpt = 0.9,
     max_num_seqs: Annotated[int, typer.Option(help="sequences per step")] = 64,
     plan: PlanOpt = None,
     backend: BackendOpt = "local",
@@ -64,21 +71,27 @@ def generate_cmd(
         if not 1 <= num_prompts <= MAX_PROMPTS:
             raise MoefleetError(f"--num-prompts must be in [1, {MAX_PROMPTS}], got "
                                 f"{num_prompts}", "generate in several runs")
+        if max_tokens < 1:  # the engine takes 0 (prompt scoring); generate needs a token
+            raise MoefleetError(f"--max-tokens must be >= 1, got {max_tokens}",
+                                "ask for at least one token, e.g. --max-tokens 32")
         args = parse(plan=plan, backend=backend, store=store, workers=workers,
                      brownout=brownout, inject_faults=inject_faults, device=device,
-                     kernel=kernel, max_num_seqs=max_num_seqs)  # before the model loads
+                     kernel=kernel, max_num_seqs=max_num_seqs, dtype=dtype,
+                     kv_cache_memory=kv_cache_memory,
+                     gpu_memory_utilization=gpu_memory_utilization)  # before the model loads
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 top_k=top_k, seed=seed, ignore_eos=ignore_eos)
         texts = _prompts(prompt, dataset, num_prompts)
         from moefleet.compose.run import run_billed
-        from moefleet.models.registry import load_adapter
-
-        adapter = load_adapter(model)
+        adapter = load_model(model, args)
         console = out_console(json_out)
         live_stream = stream and len(texts) == 1 and not json_out
         with open_cli_engine(adapter, args, model_ref=model) as opened:
             for note in opened.notes:
                 err_console.print(f"note: {note}", highlight=False)
+            kv = getattr(opened.runner, "kv_capacity", None)
+            if kv is not None:
+                err_console.print(kv.describe(), highlight=False)
             run = run_billed(opened, texts, params, stream=sys.stdout if live_stream else None,
                              progress=progress)
         outs, wall = run.outputs, run.wall_s

@@ -35,6 +35,13 @@ def list_cmd(as_json: JsonOpt = False) -> None:
                 "tags": list(e.tags),
             }
         )
+    from moefleet.models.real_shapes import RANDOM_NOTE, SHAPES
+
+    for shape in SHAPES.values():  # built on load, nothing cached: never "built"
+        rows.append({"name": shape.name, "description": f"{shape.hub_id}'s published "
+                     f"config, {shape.num_layers} layers (NAME:layers=N for a slice); "
+                     f"{RANDOM_NOTE}", "built": False, "path": "", "tags": ["real-shape",
+                                                                          "random"]})
     if as_json:
         emit_json({"models": rows, "supported_architectures": supported_architectures()})
         return
@@ -51,13 +58,15 @@ def list_cmd(as_json: JsonOpt = False) -> None:
     )
 
 
-def load_with_progress(model: str, json_mode: bool):  # -> MoEModelAdapter
-    """Load a model; a zoo model that is not built yet is built with a progress bar."""
+def load_with_progress(model: str, json_mode: bool,
+                       dtype: str | None = None):  # -> MoEModelAdapter
+    """Load a model (in ``dtype``: None keeps the checkpoint's); a zoo model that is not
+    built yet is built with a progress bar."""
     from moefleet.models import load_adapter, zoo
 
     if zoo.has_entry(model) and not zoo.is_built(model):
         build_with_progress(model, force=False)
-    return load_adapter(model)
+    return load_adapter(model, dtype=dtype)
 
 
 def build_with_progress(name: str, force: bool) -> None:

@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 from collections import Counter
 from pathlib import Path
+from tokenize import TokenError  # np.load's header parser raises it on a mangled header
 from typing import Annotated, Any
 
 import typer
@@ -57,7 +58,7 @@ def load_counts(path: Path) -> tuple[Any, list[int] | None, int | None, str | No
             # mmap reads only the header: shape and dtype are checked before any allocation.
             mapped = np.load(path, mmap_mode="r", allow_pickle=False)
             shape, dtype = mapped.shape, mapped.dtype
-        except (OSError, ValueError, EOFError) as err:
+        except (OSError, ValueError, EOFError, SyntaxError, TokenError) as err:
             raise DataError(f"{path} is not a readable .npy array: {err}",
                             "np.save a 2-D counts_LE array") from None
         if len(shape) != 2 or dtype.kind not in "iuf":

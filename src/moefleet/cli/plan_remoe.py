@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from tokenize import TokenError  # np.load's header parser raises it on a mangled header
 from typing import Any
 
 from moefleet.errors import DataError, MoefleetError
@@ -19,22 +20,28 @@ def load_activation(path: Path, model: str) -> Any:
     file made for another model is refused by name."""
     import numpy as np
 
-    if not path.is_file():
-        raise DataError(f"activation file {path} does not exist",
-                        "save SPS's predict_distribution(...)[0] with np.save")
+    from moefleet.io import check_input_file
+
+    check_input_file(path, "activation file",
+                     "save SPS's predict_distribution(...)[0] with np.save")
     if path.stat().st_size > MAX_ACTIVATION_BYTES:
         raise DataError(f"activation file {path} is larger than 64 MB",
                         "pass one (layers, experts) matrix")
     if path.suffix == ".npy":
         try:
-            return np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as err:
+            arr = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError, SyntaxError, TokenError) as err:
             raise DataError(f"{path} is not a readable .npy array: {err}") from None
+        if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "iuf" or arr.ndim != 2:
+            raise DataError(f"{path} holds a {getattr(arr, 'dtype', type(arr).__name__)} "
+                            f"array of shape {getattr(arr, 'shape', '?')}; the activation "
+                            "distribution is a 2-D numeric (layers, experts) array",
+                            "np.save SPS's predict_distribution(...)[0]")
+        return arr.astype(np.float64)
     if path.suffix == ".json":
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise DataError(f"{path} is not valid JSON: {err}") from None
+        from moefleet.io import load_json_input
+
+        data = load_json_input(path, "activation file")
         if not isinstance(data, dict) or "s_LE" not in data:
             raise DataError(f"{path} needs a mapping with 's_LE' (and 'model')",
                             '{"model": "deepseek-v2-lite", "s_LE": [[...], ...]}')
@@ -124,7 +131,7 @@ def remoe_table(plan: Any) -> Any:  # -> rich Table
         t.add_column(col, overflow="fold")
     main = plan.main
     if main is not None:
-        local = sum(len(plan.local_experts(lp.layer)) for lp in plan.layers)
+        local = sum(len(plan.main_expert_ids(lp.layer)) for lp in plan.layers)
         gpu = f" + {main.gpu_gb:g} GB GPU" if main.gpu_gb else ""
         t.add_row("main", f"non-experts, KV cache, {local} local experts",
                   f"{main.memory_mb} MB{gpu}", "1")

@@ -22,6 +22,7 @@ def run_profile(
     batch_size: int,
     attention_ids: bool,
     json_mode: bool,
+    dtype: str | None = None,
 ):  # -> Trace
     from moefleet.cli.models import load_with_progress
     from moefleet.data import load_prompts, split_dataset
@@ -33,7 +34,7 @@ def run_profile(
         )
     name, split = split_dataset(dataset)
     prompts = load_prompts(name, split=split)
-    adapter = load_with_progress(model, json_mode)
+    adapter = load_with_progress(model, json_mode, dtype)
     with progress() as bar:
         task = bar.add_task(f"profiling {adapter.name} on {dataset}", total=max_tokens)
 
@@ -72,6 +73,9 @@ def profile_cmd(
         "trace.parquet"
     ),
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
+    dtype: Annotated[str, typer.Option(
+        help="auto (the checkpoint's on a GPU, the faster measured one on the CPU), "
+             "bfloat16, float16 or float32")] = "float32",
 ) -> None:
     """Record which experts every token goes to (Parquet trace) and summarise it.
 
@@ -83,8 +87,11 @@ def profile_cmd(
 
     with user_errors():
         check_outputs(("--out", out))
+        from moefleet.models.dtypes import check_dtype_name
+
+        check_dtype_name(dtype)  # before the model loads
         trace = run_profile(
-            model, dataset, max_tokens, max_length, batch_size, attention_ids, as_json
+            model, dataset, max_tokens, max_length, batch_size, attention_ids, as_json, dtype
         )
         write_trace(trace, out)
     summary: dict[str, Any] = routing_summary(trace)

@@ -119,6 +119,9 @@ def profile_compute_cmd(
     seed: Annotated[int, typer.Option(
         min=0, max=L.MAX_SEED, help="Seed for inputs and the expert sample.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
+    dtype: Annotated[str, typer.Option(
+        help="auto (the checkpoint's on a GPU, the faster measured one on the CPU), "
+             "bfloat16, float16 or float32")] = "float32",
 ) -> None:
     """Measure a model's compute profile: time vs tokens and threads, fitted laws.
 
@@ -138,7 +141,10 @@ def profile_compute_cmd(
         reps = repeats if repeats is not None else (
             m.THOROUGH_REPEATS if thorough else m.DEFAULT_REPEATS)
         m.check_grid(thread_list, sizes, reps)  # fail before loading the model
-        adapter = load_with_progress(model, as_json)
+        from moefleet.models.dtypes import check_dtype_name
+
+        check_dtype_name(dtype)
+        adapter = load_with_progress(model, as_json, dtype)
         with progress() as bar:
             task = bar.add_task(f"timing {adapter.name}", total=None)
 

@@ -210,12 +210,19 @@ def _run(deployment: Path | None, plan: Path | None, dataset: str, tokens: int,
         source = DeploymentPlan.load(plan)
         model, platform_name = source.model, source.platform
     platform = load_platform(platform_name)
+    main_plan = source.plan if isinstance(source, Deployment) else source
+    if main_plan.main is not None:
+        from moefleet.remoe.messages import MAX_TOKENS
+
+        if tokens > MAX_TOKENS:  # a Remoe run generates --tokens per request
+            raise MoefleetError(f"--tokens {tokens}: a Remoe plan generates that many tokens "
+                                f"per request, at most {MAX_TOKENS}",
+                                f"use --tokens {MAX_TOKENS} or fewer")
     adapter = load_with_progress(model, json_mode)
     store = open_store(store_url)
     # the dataset is read before anything is deployed: a bad one leaves nothing behind
     name, split = split_dataset(dataset)
     prompts = load_prompts(name, split=split)
-    main_plan = source.plan if isinstance(source, Deployment) else source
     if main_plan.main is not None:  # Remoe: the engine runs inside the main function
         return _run_remoe(source, adapter, platform, store, prompts, tokens, batch_size,
                           max_length, backend_name, workers, check, dataset)

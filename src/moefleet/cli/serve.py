@@ -13,11 +13,15 @@ from moefleet.cli.common import err_console, user_errors
 from moefleet.cli.deployment import (
     BackendOpt,
     BrownoutOpt,
+    DtypeOpt,
     FaultsOpt,
+    GpuUtilOpt,
     KernelOpt,
+    KVMemoryOpt,
     PlanOpt,
     StoreOpt,
     WorkersOpt,
+    load_model,
     open_cli_engine,
     parse,
 )
@@ -73,6 +77,9 @@ def serve_cmd(
     workers: WorkersOpt = None,
     brownout: BrownoutOpt = None,
     kernel: KernelOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    kv_cache_memory: KVMemoryOpt = None,
+    gpu_memory_utilization: GpuUtilOpt = 0.9,
     step_timeout: Annotated[float, typer.Option(
         help="watchdog: a model step running longer than this makes /health and the "
              "requests waiting on it answer 503 (seconds)")] = 120.0,
@@ -122,7 +129,9 @@ def serve_cmd(
                                 f"{step_timeout}", "e.g. --step-timeout 120")
         args = parse(plan=plan, backend=backend, store=store, workers=workers,
                      brownout=brownout, inject_faults=inject_faults, device=device,
-                     kernel=kernel, max_num_seqs=max_num_seqs)  # before the model loads
+                     kernel=kernel, max_num_seqs=max_num_seqs, dtype=dtype,
+                     kv_cache_memory=kv_cache_memory,
+                     gpu_memory_utilization=gpu_memory_utilization)  # before the model loads
         if args.brownout is not None and args.brownout.controlled:
             slo_ttft = slo_ttft if slo_ttft is not None else args.brownout.slo_ttft_s
             slo_tpot = slo_tpot if slo_tpot is not None else args.brownout.slo_tpot_s
@@ -133,9 +142,7 @@ def serve_cmd(
         load_platform(platform)  # a bad --platform fails before the model loads, too
         sock = bind(host, port)  # a port in use fails before the model loads, too
         with sock:  # closed on every way out, errors included
-            from moefleet.models.registry import load_adapter
-
-            adapter = load_adapter(model)
+            adapter = load_model(model, args)
             name = served_name or (adapter.name if os.path.isdir(os.path.expanduser(model))
                                    else model)
             app_kw = {"model_name": name, "api_key": key, "max_waiting": max_waiting,
@@ -153,6 +160,9 @@ def serve_cmd(
                     served = True
                     for note in opened.notes:
                         err_console.print(f"note: {note}", highlight=False)
+                    kv = getattr(opened.runner, "kv_capacity", None)
+                    if kv is not None:
+                        err_console.print(kv.describe(), highlight=False)
                     sock.listen(2048)  # from here on clients queue, not refused
                     err_console.print(_banner(args, opened, name, host, bound, key),
                                       highlight=False)

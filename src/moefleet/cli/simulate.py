@@ -136,6 +136,10 @@ def run_simulation(*, plan_path: Path | None, model: str | None, memory: int | N
         raise MoefleetError("give either --plan or --model (with --memory)",
                             "e.g. --model synthetic:blocks=12,experts=8 --memory 2048")
     plan = DeploymentPlan.load(plan_path) if plan_path is not None else None
+    if plan is not None and plan.main is not None:  # before any profile is measured
+        from moefleet.sim.simulator import check_not_remoe
+
+        check_not_remoe(plan)
     model_name = plan.model if plan is not None else str(model)
     spec = load_platform(platform or (plan.platform if plan is not None else DEFAULT_PLATFORM))
     profile, facts = _profile_and_shape(model_name, profile_path, json_mode)
@@ -169,7 +173,7 @@ def run_simulation(*, plan_path: Path | None, model: str | None, memory: int | N
         kw["scaling"] = "on-demand" if policy == "static" else "replicas"
     cfg = SimConfig(**kw)  # SimConfig validates the strings
     sim = Simulator(plan, profile, spec, router=router, config=cfg,
-                    policy=make_policy(policy), seed=seed, decoder=decoder)
+                    controller=make_policy(policy), seed=seed, decoder=decoder)
     arrivals, described = _arrivals(workload, duration, seed)
     check_sim_budget(arrivals, kw, decoder)
     with progress() as bar:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from moefleet.platform import InvocationRecord, PlatformSpec
-from moefleet.platform.billing import CostParts, Meter
+from moefleet.platform.billing import CostParts, Meter, price_invocation
 
 if TYPE_CHECKING:
     from moefleet.engine import Engine, RequestOutput
@@ -104,9 +104,8 @@ class InProcessPricer:
         self.memory_mb = spec.check_memory(memory_mb) if spec.is_faas else memory_mb
 
     def price(self, busy_s: float) -> RequestCost:
-        billed = self.spec.invocation_billed_s(max(busy_s, 0.0))
-        compute = self.spec.compute_cost(self.memory_mb, billed)
-        return RequestCost(compute, self.spec.request_cost(1), 0.0, self.spec.name,
+        cost, billed = price_invocation(self.spec, self.memory_mb, max(busy_s, 0.0))
+        return RequestCost(cost.compute, cost.request, cost.storage, self.spec.name,
                            BASIS_IN_PROCESS, billed)
 
 
@@ -234,9 +233,8 @@ class InvocationBiller:
     def step(self, served: set[str], forward_s: float) -> ByFunction:
         billed: ByFunction = defaultdict(CostParts)
         for record, shares in (r for src in self.sources for r in src.drain()):
-            cost = self.meter.cost_of(record)
+            cost, billed_s = self.meter.price(record)
             billed[record.function] += cost
-            billed_s = self.spec.invocation_billed_s(record.duration_s, record.init_s)
             for owner, share in shares.items():
                 acct = self._accounts.get(self._owner.get(owner, ""))
                 part = _scaled(cost, share)
@@ -289,12 +287,12 @@ class InvocationBiller:
         record = InvocationRecord(function=main.function, kind="main",
                                   memory_mb=main.memory_mb, start_s=0.0, end_s=acct.main_s,
                                   request_id=rid, gpu_share=main.gpu_share)
-        own = self.meter.cost_of(record)
+        own, main_billed_s = self.meter.price(record)
         if self.audit is not None:
             self.audit_main[rid] = record
         t = p + own
         return RequestCost(t.compute, t.request, t.storage, self.spec.name, BASIS_REMOE,
-                           acct.billed_s + self.spec.invocation_billed_s(acct.main_s),
+                           acct.billed_s + main_billed_s,
                            acct.invocations, main=own.total, remote=p.total,
                            gpu=main.gpu), {main.function: own}
 

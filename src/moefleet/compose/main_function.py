@@ -18,8 +18,9 @@ from moefleet.compose.options import EngineOptions, StackOptions
 from moefleet.compose.root import assemble
 from moefleet.engine.engine import Engine
 from moefleet.engine.runner import InProcessRunner
+from moefleet.experts.nest import compose
 from moefleet.experts.split import held_experts
-from moefleet.experts.stack import ExpertStack, compose
+from moefleet.experts.stack import ExpertStack
 from moefleet.runtime.errors import FunctionError
 from moefleet.runtime.main_model import MainModel
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from moefleet.engine.build import check_engine_args
+from moefleet.engine.kv_sizing import check_fraction
 from moefleet.errors import MoefleetError
 from moefleet.experts.kernels import KERNELS, Kernel
 from moefleet.runtime.retry import POLICIES, RetryPolicy
@@ -39,12 +40,15 @@ class StackOptions:
     ``local``: in-process experts other than the adapter's kernel (a measurement's own
     expert code); only without a plan, whose experts the plan places. ``salc``: a SALC
     controller of one's own (its SLOs and rates) instead of the one ``brownout`` builds.
+    ``distill_progress(done, total, what)``: called per united expert while ``brownout``
+    distils (not when cached), so a caller can show progress and an ETA.
     """
 
     kernel: Kernel = "auto"
     local: ExpertFn | None = None
     brownout: BrownoutSpec | None = None
     distill: DistillConfig | None = None
+    distill_progress: Callable[[int, int, str], None] | None = None
     united_kernel: str = "loop"
     salc: SALC | None = None
     faults: FaultPlan | None = None
@@ -65,13 +69,16 @@ class StackOptions:
 class EngineOptions:
     """The engine's sizes and where its loop runs. ``runner``: ``auto`` (in process, the
     plan's experts wherever it puts them), ``in-process`` or ``segments`` (a plan's
-    segment functions; prefill only). ``kv_budget_bytes``: the KV cache (None: the
-    runner's rule). ``eos_token_id``: None takes the tokenizer's; ``-1`` turns EOS off."""
+    segment functions; prefill only). ``kv_budget_bytes``: the KV cache (None: sized by
+    ``engine.kv_sizing``: ``gpu_memory_utilization`` of a GPU's memory after weights and
+    a profiling forward, or the CPU default). ``eos_token_id``: None takes the
+    tokenizer's; ``-1`` turns EOS off."""
 
     device: str = "cpu"
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     kv_budget_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
     block_size: int = 16
     max_model_len: int | None = None
     runner: RunnerKind = "auto"
@@ -87,6 +94,7 @@ class EngineOptions:
         if self.kv_budget_bytes is not None and self.kv_budget_bytes < 1:
             raise MoefleetError(f"kv_budget_bytes must be positive, got {self.kv_budget_bytes}",
                                 "omit it for the default")
+        check_fraction(self.gpu_memory_utilization)
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,10 @@ from moefleet.engine.engine import StepHook
 from moefleet.engine.runner import InProcessRunner, ModelRunner
 from moefleet.errors import MoefleetError
 from moefleet.experts.brownout import BrownoutExperts
+from moefleet.experts.nest import compose
 from moefleet.experts.remote import RemoteExperts
 from moefleet.experts.split import held_experts
-from moefleet.experts.stack import ExpertStack, compose, find
+from moefleet.experts.stack import ExpertStack, find
 from moefleet.models.base import MoEModelAdapter
 from moefleet.plan import DeploymentPlan
 from moefleet.platform import ObjectStore, PlatformSpec
@@ -36,6 +37,12 @@ BrownoutPiece = tuple[Any, float, str, str]
 
 class PlanModelError(MoefleetError):
     """The plan was made for a different model than the one being served."""
+
+
+def runner_sizes(options: EngineOptions) -> dict[str, Any]:
+    """What an in-process runner needs from the options to size its KV cache."""
+    return {"gpu_memory_utilization": options.gpu_memory_utilization,
+            "max_num_batched_tokens": options.max_num_batched_tokens}
 
 
 def move_model(adapter: MoEModelAdapter, device: str) -> torch.device:
@@ -62,7 +69,8 @@ def brownout_piece(adapter: MoEModelAdapter, stack: StackOptions, device: torch.
             layer: index_groups(adapter.num_experts(layer), spec.ways)
             for layer in adapter.moe_layers})
     else:
-        groups = distill(adapter, spec.ways, "index", stack.distill or DistillConfig())
+        groups = distill(adapter, spec.ways, "index", stack.distill or DistillConfig(),
+                         progress=stack.distill_progress)
         for mods in groups.modules.values():
             for m in mods:
                 m.to(device)
@@ -77,10 +85,9 @@ def salc_hooks(pieces: ExpertStack, stack: StackOptions) -> list[StepHook]:
     router = find(pieces, BrownoutExperts)
     if spec is None or router is None or not (spec.controlled or stack.salc is not None):
         return []
-    from moefleet.experts.brownout_control import BrownoutControl
     from moefleet.experts.brownout_hook import SALCHook
 
-    return [SALCHook(BrownoutControl(stack.salc or spec.salc(), router))]
+    return [SALCHook(stack.salc or spec.salc(), router)]
 
 
 def _same_model(a: str, b: str) -> bool:
@@ -203,7 +210,8 @@ def _expert_parts(adapter: MoEModelAdapter, dep: Deployment, fb: FunctionBackend
                                  kv_budget_bytes=options.kv_budget_bytes,
                                  block_size=options.block_size,
                                  max_num_seqs=options.max_num_seqs,
-                                 max_model_len=options.max_model_len)
+                                 max_model_len=options.max_model_len,
+                             **runner_sizes(options))
     biller = InvocationBiller(sources, spec, audit=audit)
     return DeployedParts(runner, pieces, biller, dep, fb, str(device), notes)
 
@@ -229,7 +237,8 @@ def _main_parts(adapter: MoEModelAdapter, dep: Deployment, fb: FunctionBackend,
                      faults=at_seam, retry=stack.retry, wrap=stack.wrap)
     runner = InProcessRunner(main.adapter, experts=pieces, kv_budget_bytes=kv_bytes,
                              block_size=options.block_size, max_num_seqs=options.max_num_seqs,
-                             max_model_len=options.max_model_len)
+                             max_model_len=options.max_model_len,
+                             **runner_sizes(options))
     if main.gpu == GPU_EMULATED:
         notes.append("GPU emulated: the main function's GPU price applied to CPU time")
     biller = InvocationBiller([rx], spec, audit=audit,

@@ -39,6 +39,7 @@ from moefleet.compose.parts import (
     check_plan_model,
     deployed_parts,
     move_model,
+    runner_sizes,
     salc_hooks,
 )
 from moefleet.engine.engine import Engine, StepHook
@@ -47,8 +48,9 @@ from moefleet.errors import MoefleetError
 from moefleet.experts.brownout import BrownoutExperts
 from moefleet.experts.faults import FaultyExperts
 from moefleet.experts.kernels import in_process_experts
+from moefleet.experts.nest import compose
 from moefleet.experts.remote import RemoteExperts
-from moefleet.experts.stack import ExpertStack, compose, find
+from moefleet.experts.stack import ExpertStack, find
 from moefleet.models.base import MoEModelAdapter
 from moefleet.plan import DeploymentPlan
 from moefleet.platform import ObjectStore, PlatformSpec, load_platform, open_store
@@ -175,7 +177,7 @@ def _opened(parts: DeployedParts, adapter: MoEModelAdapter, stack: StackOptions,
         return _opened(spawn(), adapter, stack, options)
 
     return OpenedEngine(engine, parts.biller, parts.stack, parts.runner, parts.deployment,
-                        parts.backend, parts.device, parts.notes,
+                        parts.backend, parts.device, [*adapter.notes, *parts.notes],
                         spawn=sibling if spawn is not None else None)
 
 
@@ -183,7 +185,7 @@ def _in_process(adapter: MoEModelAdapter, stack: StackOptions, options: EngineOp
                 billing: Billing) -> OpenedEngine:
     """No plan: every expert in this process (nothing to tear down)."""
     device = move_model(adapter, options.device)
-    notes: list[str] = []
+    notes: list[str] = list(adapter.notes)
     pieces = compose(stack.local or in_process_experts(adapter, stack.kernel),
                      brownout=brownout_piece(adapter, stack, device, notes),
                      faults=stack.faults, retry=stack.retry, wrap=stack.wrap)
@@ -192,7 +194,8 @@ def _in_process(adapter: MoEModelAdapter, stack: StackOptions, options: EngineOp
                      "(emulated)")
     runner = InProcessRunner(adapter, experts=pieces, kv_budget_bytes=options.kv_budget_bytes,
                              block_size=options.block_size, max_num_seqs=options.max_num_seqs,
-                             max_model_len=options.max_model_len)
+                             max_model_len=options.max_model_len,
+                             **runner_sizes(options))
     engine = assemble(runner, tokenizer=adapter.tokenizer, options=options,
                       hooks=salc_hooks(pieces, stack))
     biller = InProcessBiller(InProcessPricer(load_platform(billing.platform), billing.memory_mb))

@@ -49,8 +49,33 @@ _FIELDS_HINT = (
 )
 
 
+#: Largest prompt file read (the shipped datasets are a few MiB); checked before reading.
+MAX_PROMPT_FILE_BYTES = 512 * 1024 * 1024
+
+
 def read_text(path: Path) -> str:
-    """The file decoded as UTF-8 (a leading BOM is dropped); DataError when unreadable."""
+    """The file decoded as UTF-8 (a leading BOM is dropped); DataError when unreadable.
+
+    Only regular files up to :data:`MAX_PROMPT_FILE_BYTES` are read: a device
+    (``/dev/zero``), a FIFO or a socket would be read forever or block, so the file's
+    type and size are checked before the first byte is read."""
+    import stat
+
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise DataError(
+            f"file not found: {path}", "check the path, or give a dataset name instead"
+        ) from None
+    except OSError as err:
+        raise DataError(f"cannot read {path}: {err.strerror}", "check the path") from None
+    if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+        raise DataError(f"{path} is not a regular file (a device, FIFO or socket)",
+                        "give a .txt, .jsonl or .json file")
+    if st.st_size > MAX_PROMPT_FILE_BYTES:
+        raise DataError(f"{path} is {st.st_size / 2**20:.0f} MiB; prompt files are read "
+                        f"whole, up to {MAX_PROMPT_FILE_BYTES / 2**20:.0f} MiB",
+                        "split the file, or take the first prompts with head")
     try:
         # newline="" keeps "\r\n" intact; paragraphs() strips the "\r" itself, and JSON
         # Lines must be split on "\n" only.

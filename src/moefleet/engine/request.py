@@ -21,6 +21,9 @@ class EngineError(MoefleetError):
     """A request the engine cannot take (bad parameter, too long, wrong model)."""
 
 
+MAX_REQUEST_SEED = 2**63 - 1
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens and when to stop. Validated on construction.
@@ -71,8 +74,11 @@ class SamplingParams:
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise EngineError(f"top_k must be an integer >= 0, got {self.top_k!r}",
                               "use 0 to keep every token")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            raise EngineError(f"seed must be an integer >= 0, got {self.seed!r}",
+        if self.seed is not None and (isinstance(self.seed, bool)
+                                      or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed <= MAX_REQUEST_SEED):
+            # torch's generators take 64-bit seeds; a larger one would fail mid-request.
+            raise EngineError(f"seed must be an integer in [0, 2**63-1], got {self.seed!r}",
                               "omit it for a random seed")
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise EngineError(f"stop strings must be non-empty, got {list(self.stop)!r}",

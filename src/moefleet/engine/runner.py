@@ -17,6 +17,7 @@ Shape legend: B rows, V vocabulary, T tokens of a row.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,11 +25,14 @@ from typing import Protocol
 
 import torch
 
+from moefleet.engine import kv_sizing
 from moefleet.engine.request import EngineError
 from moefleet.engine.scheduler import SchedulerOutput
 from moefleet.models.base import MoEModelAdapter
 from moefleet.models.kv import KVCache
 from moefleet.models.step import StepInput
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -82,13 +86,16 @@ class ModelRunner(Protocol):
 
 class InProcessRunner:
     """Runs ``adapter.forward_step`` in this process; experts through ``experts`` (the
-    expert stack the composition root built). The cache takes ``kv_budget_bytes``
-    (default: room for ``max_num_seqs`` full-length sequences, at most 2 GiB)."""
+    expert stack the composition root built). The cache is sized by
+    :mod:`moefleet.engine.kv_sizing` (``kv_budget_bytes`` given; else from GPU memory with
+    ``gpu_memory_utilization``; else the CPU default) and logs its capacity
+    (``kv_capacity``). The cache owns the block accounting; the scheduler is told its size."""
 
     def __init__(self, adapter: MoEModelAdapter, *, experts: StepExperts,
                  kv_budget_bytes: int | None = None,
                  block_size: int = 16, max_num_seqs: int = 64,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.9,
+                 max_num_batched_tokens: int = 2048) -> None:
         if not adapter.causal:
             raise EngineError(
                 f"{adapter.name} ({adapter.family}) is an encoder: it cannot generate",
@@ -99,12 +106,19 @@ class InProcessRunner:
                               "max_position_embeddings", 2048) or 2048)
         self.max_model_len = min(max_model_len or context, context)
         layout = adapter.kv_layout()
-        if kv_budget_bytes is None:
-            kv_budget_bytes = min(2 << 30,
-                                  max_num_seqs * self.max_model_len * layout.bytes_per_token)
-        self.cache = KVCache.from_budget(layout, kv_budget_bytes, block_size, adapter.device)
+        budget, source = kv_sizing.budget_bytes(
+            adapter, layout.bytes_per_token, given=kv_budget_bytes,
+            gpu_memory_utilization=kv_sizing.check_fraction(gpu_memory_utilization),
+            max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens, experts=experts)
+        self.cache = KVCache.from_budget(layout, budget, block_size, adapter.device)
         self.num_cache_blocks = self.cache.num_blocks
         self.block_size = block_size
+        self.kv_capacity = kv_sizing.KVCapacity(self.cache.num_blocks, block_size,
+                                                layout.bytes_per_token, source)
+        self.max_model_len = kv_sizing.check_fits(self.kv_capacity, self.max_model_len,
+                                                  explicit=max_model_len is not None)
+        _log.info("%s; %s", self.kv_capacity.describe(), str(layout.dtype))
 
     @property
     def vocab_size(self) -> int:
@@ -120,37 +134,55 @@ class InProcessRunner:
         for r in rows:
             if r.seq_id not in self.cache:
                 self.cache.alloc(r.seq_id)
-        # Rows are right-padded to the step's longest, so one prefill chunk in a step of
-        # decodes would pad every decode row to the chunk's length: run single-token rows
-        # and longer rows as two forwards (same cache, same experts).
+        # Rows are right-padded to their part's longest, so one prefill chunk in a step of
+        # decodes would pad every decode row to the chunk's length: single-token rows and
+        # longer rows are two parts of one forward (attention per part, experts shared).
         parts = [[b for b, r in enumerate(rows) if len(r.token_ids) == 1],
                  [b for b, r in enumerate(rows) if len(r.token_ids) > 1]]
-        last: dict[int, torch.Tensor] = {}
-        prompt: dict[int, torch.Tensor] = {}
-        counts: dict[int, torch.Tensor] = {}
-        forward_s = 0.0
-        for part in (p for p in parts if p):
-            sub = [rows[b] for b in part]
+        subs = [[rows[b] for b in part] for part in parts if part]
+        steps = []
+        for sub in subs:
             want_all = [i for i, r in enumerate(sub) if r.prompt_logprobs]
-            step = StepInput.from_lists(
+            steps.append(StepInput.from_lists(
                 [r.seq_id for r in sub], [r.token_ids for r in sub], [r.start for r in sub],
                 logits="all" if want_all else "last", all_rows=want_all,
-                device=self.adapter.device)
-            # remote experts bill each token row's sequence: owners are sequence ids, in
-            # the order the rows reach the experts (a retried call keeps them)
-            self.experts.set_owners([str(r.seq_id) for r in sub for _ in r.token_ids])
-            t0 = time.perf_counter()
-            try:
-                res = self.adapter.forward_step(step, self.cache, self.experts)
-            except Exception as err:
-                raise StepFailedError([r.seq_id for r in rows], err) from err
-            forward_s += time.perf_counter() - t0
+                device=self.adapter.device))
+        # remote experts bill each token row's sequence: owners are sequence ids, in the
+        # order the rows reach the experts (step by step, row-major; a retried call keeps
+        # them)
+        self.experts.set_owners([str(r.seq_id) for sub in subs for r in sub
+                                 for _ in r.token_ids])
+        t0 = time.perf_counter()
+        try:
+            # one layer loop: attention per part, each MoE layer's experts once for all
+            results = self.adapter.forward_steps(steps, self.cache, self.experts)
+        except Exception as err:
+            raise StepFailedError([r.seq_id for r in rows], err) from err
+        forward_s = time.perf_counter() - t0
+        last: dict[int, torch.Tensor] = {}
+        prompt: dict[int, torch.Tensor] = {}
+        for sub, res in zip(subs, results, strict=True):
             for i, r in enumerate(sub):
                 last[r.seq_id] = res.last_logits_BV[i]
                 if res.all_logits[i] is not None:
                     prompt[r.seq_id] = res.all_logits[i]  # type: ignore[assignment]
-            for layer, c in res.expert_counts.items():
-                counts[layer] = counts[layer] + c if layer in counts else c
+        counts = results[0].expert_counts
+        counts = _read_counts(counts)
         sample_ids = [r.seq_id for r in rows if r.sample]
         logits = torch.stack([last[s] for s in sample_ids]) if sample_ids else None
         return RunnerOutput(sample_ids, logits, prompt, counts, forward_s)
+
+
+def _read_counts(counts: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """Every layer's per-expert counts on the host with one read (the step's statistics);
+    the layers left them on the device so that none of them waited for the device."""
+    if not counts:
+        return counts
+    layers = list(counts)
+    flat = torch.cat([counts[layer].reshape(-1) for layer in layers]).cpu()
+    out, start = {}, 0
+    for layer in layers:
+        n = counts[layer].numel()
+        out[layer] = flat[start:start + n]
+        start += n
+    return out

@@ -42,6 +42,9 @@ class Sampler:
                ) -> tuple[list[int], list[TokenLogprob | None]]:
         """One token per row. ``outputs[b]``: the tokens row b's request has generated so
         far (what the penalties count); needed only when a request sets a penalty."""
+        if all(p.greedy and p.logprobs is None and not p.adjusts_logits for p in params):
+            # the step's one read of the tokens: argmax where the logits are
+            return logits_BV.argmax(dim=-1).tolist(), [None] * len(params)
         logits_BV = logits_BV.float().cpu()
         chosen_BV = adjusted(logits_BV, params, outputs)
         if all(p.greedy for p in params):

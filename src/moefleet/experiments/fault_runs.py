@@ -26,10 +26,10 @@ from moefleet.runtime.faults import (
     EMULATED,
     FaultPlan,
     FaultyBackend,
-    FaultyStore,
-    ResilientStore,
+    store_faults,
 )
 from moefleet.runtime.retry import POLICIES
+from moefleet.runtime.stores import RetryingStore
 
 
 @dataclass
@@ -74,19 +74,20 @@ def run_under_faults(adapter: MoEModelAdapter, dep: Deployment, backend: Functio
                      prompts: Sequence[list[int]], atol: float = 1e-4) -> FaultRun:
     """Score each prompt as its own request (one step each) through the segment runner
     over ``dep``'s functions on ``backend``, under ``plan``: backend faults at the backend,
-    store faults on the caller's store (retried by :class:`ResilientStore`). ``adapter``
-    gives the monolithic output to compare with."""
+    store faults on the caller's store (retried by
+    :class:`~moefleet.runtime.stores.RetryingStore`). ``adapter`` gives the monolithic
+    output to compare with."""
     from moefleet.compose import StackOptions, open_engine
     from moefleet.compose.run import run_billed
     from moefleet.compose.score import SCORE, score_options
 
-    fstore = FaultyStore(store, plan)
+    fstore = store_faults(store, plan)
     before = len(backend.records())
     run = FaultRun(backend.name, plan.kind, plan.rate)
     stack = StackOptions(faults=plan if plan.kind in BACKEND_FAULTS else None)
     longest = max(len(p) for p in prompts)
     with open_engine(adapter, plan=dep, stack=stack, backend=backend,
-                     store=ResilientStore(fstore, seed=plan.seed), platform=platform,
+                     store=RetryingStore(fstore, seed=plan.seed), platform=platform,
                      options=score_options(1, max(2, longest))) as opened:
         res = run_billed(opened, [list(p) for p in prompts], SCORE)
         faulty = opened.backend if isinstance(opened.backend, FaultyBackend) else None

@@ -9,4 +9,7 @@ adapter's one layer loop calls. Every system is a composition of the pieces here
 - :mod:`.retry`: retries of transient failures (outermost);
 - :mod:`.faults`: emulated fault injection at the seam;
 - :mod:`.remote`: remote dispatch to expert functions with a layer's scatter-gather method.
+
+:mod:`.stack` holds the base class every piece derives from; :func:`.nest.compose` nests
+the pieces in their one order.
 """

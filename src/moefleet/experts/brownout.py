@@ -3,15 +3,19 @@
 Shape legend: N tokens, K experts per token, D hidden size, E experts in the layer,
 G groups (united experts) in the layer, P routed (token, expert) pairs.
 
-Each call plans the layer with :func:`moefleet.brownout.groups.plan_layer` and sends each
-routed pair where the plan says: the inner ExpertFn (S1 and special experts), the
-group's united expert (partial brownout), or nowhere (full brownout). A pair keeps its
-gate weight wherever it goes (eqs. 5-7): a token whose two chosen experts share a group
-gets that group's united output once, weighted by the sum of the two gate weights.
-Shared experts are not routed and never pass through here (adapters add them in
-``post_moe``), so brownout leaves them untouched on every family.
+Each call plans the layer on the device (Alg. 1 as masks:
+:func:`moefleet.brownout.groups.plan_layer_device`) and sends each routed pair where the
+plan says: the inner ExpertFn (S1 and special experts), the group's united expert
+(partial brownout), or nowhere (full brownout). A pair keeps its gate weight wherever it
+goes (eqs. 5-7): a token whose two chosen experts share a group gets that group's united
+output once, weighted by the sum of the two gate weights. Shared experts are not routed
+and never pass through here (adapters add them in ``post_moe``), so brownout leaves them
+untouched on every family.
 
 Invariant (tested): at ``threshold = 1`` the wrapper returns exactly ``inner``'s output.
+With an inner that skips marked pairs (the fused kernel) and stackable united experts, a
+call makes no host read: counts, plan, routing and statistics stay on the device
+(:attr:`BrownoutExperts.stats` reads them when asked).
 """
 
 from __future__ import annotations
@@ -27,13 +31,14 @@ from moefleet.brownout.groups import (
     MODES,
     BrownoutError,
     BrownoutPlan,
+    DevicePlan,
     Grouping,
     check_threshold,
-    plan_layer,
+    plan_layer_device,
 )
-from moefleet.experts.kernels import grouped_matmul
+from moefleet.experts.kernels import fused_experts
 from moefleet.experts.stack import ExpertStack, as_stack
-from moefleet.models.base import ExpertFn, combine_experts
+from moefleet.models.base import ExpertFn, combine_experts, count_experts
 from moefleet.models.experts import GatedExpert
 
 if TYPE_CHECKING:
@@ -51,6 +56,11 @@ class BrownoutStats:
     united_pairs: int = 0
     dropped_pairs: int = 0
     last_plan: dict[int, BrownoutPlan] = field(default_factory=dict)
+
+
+# order of the device-side counters (BrownoutExperts._acc)
+_COUNTERS = ("original_accesses", "united_accesses", "original_pairs", "united_pairs",
+             "dropped_pairs")
 
 
 class BrownoutExperts(ExpertStack):
@@ -95,7 +105,29 @@ class BrownoutExperts(ExpertStack):
         self.united_kernel = united_kernel
         self._stacked: dict[int, tuple[torch.Tensor, torch.Tensor, Any] | None] = {}
         self._threshold = check_threshold(threshold)
-        self.stats = BrownoutStats()
+        self._calls = 0
+        self._acc: torch.Tensor | None = None  # _COUNTERS, summed on the device
+        self._plans: dict[int, DevicePlan] = {}
+        self._gid: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    @property
+    def stats(self) -> BrownoutStats:
+        """The counters so far (reading them is a host read: do it between steps)."""
+        acc = [0] * len(_COUNTERS) if self._acc is None else self._acc.tolist()
+        plans = {layer: p.to_plan(self._group_of[layer]) for layer, p in self._plans.items()}
+        counters = {name: int(v) for name, v in zip(_COUNTERS, acc, strict=True)}
+        return BrownoutStats(calls=self._calls, last_plan=plans, **counters)
+
+    def _count(self, values: list[torch.Tensor | int], device: torch.device) -> None:
+        add = torch.stack([torch.as_tensor(v, device=device).long() for v in values])
+        self._acc = add if self._acc is None else self._acc + add
+
+    def _group_ids(self, layer: int, device: torch.device) -> torch.Tensor:
+        key = (layer, device)
+        if key not in self._gid:
+            self._gid[key] = torch.tensor(self._group_of[layer], dtype=torch.long,
+                                          device=device)
+        return self._gid[key]
 
     def set_owners(self, owners_N: Sequence[str] | None) -> None:
         # kept: the inner sees a subset of rows (one per kept pair), told per call
@@ -122,89 +154,89 @@ class BrownoutExperts(ExpertStack):
     def __call__(
         self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor, w_NK: torch.Tensor
     ) -> torch.Tensor:
-        st = self.stats
-        st.calls += 1
+        self._calls += 1
         if layer not in self._group_of:
             raise BrownoutError(
                 f"no expert groups for MoE layer {layer}",
                 "the united experts were built for another model; distill for this one",
             )
-        group_of = self._group_of[layer]
-        num_experts = len(group_of)
-        counts_E = torch.bincount(ids_NK.reshape(-1), minlength=num_experts)
-        if counts_E.numel() > num_experts:
-            raise BrownoutError(
-                f"layer {layer} routes to expert {int(ids_NK.max())} but its groups cover "
-                f"{num_experts} experts", "distill united experts for this model"
-            )
-        if self._threshold >= 1.0:
-            busy = int((counts_E > 0).sum())
-            st.original_accesses += busy
-            st.original_pairs += int(ids_NK.numel())
-            st.last_plan[layer] = BrownoutPlan(tuple(range(num_experts)), {}, (), ())
-            return self._call_inner(layer, x_ND, ids_NK, w_NK, None)
-        plan = plan_layer(counts_E.tolist(), self._threshold, group_of, self.mode)
-        st.last_plan[layer] = plan
         dev = ids_NK.device
-        run_original = torch.zeros(num_experts, dtype=torch.bool, device=dev)
-        run_original[list(plan.original + plan.special)] = True
-        to_united = torch.zeros(num_experts, dtype=torch.bool, device=dev)
-        for members in plan.united.values():
-            to_united[list(members)] = True
+        num_experts = len(self._group_of[layer])
+        gid_E = self._group_ids(layer, dev)
+        # counted on the device (scatter_add: bincount's output size would be read back)
+        counts_E = count_experts(ids_NK, num_experts)
+        if self._threshold >= 1.0:
+            busy = (counts_E > 0).sum()
+            self._count([busy, 0, ids_NK.numel(), 0, 0], dev)
+            self._plans[layer] = DevicePlan(counts_E, counts_E > 0, counts_E > 0,
+                                            torch.zeros_like(busy, dtype=torch.bool)
+                                            .expand(num_experts),
+                                            torch.zeros(num_experts, dtype=torch.bool,
+                                                        device=dev), busy * 0)
+            return self._call_inner(layer, x_ND, ids_NK, w_NK, None)
+        n_groups = len(self.grouping.groups[layer])
+        plan = plan_layer_device(counts_E, self._threshold, gid_E, n_groups, self.mode)
+        self._plans[layer] = plan
+        orig_NK = plan.original_E[ids_NK]
+        uni_NK = plan.united_E[ids_NK]
+        if self.inner.skips_marked_pairs:
+            # mark the pairs that go elsewhere (id E): the kernel skips them, so no
+            # row selection and no host read
+            y_ND = self._call_inner(layer, x_ND, torch.where(orig_NK, ids_NK, num_experts),
+                                    torch.where(orig_NK, w_NK, 0), None)
+        else:
+            y_ND = self._selected(layer, x_ND, ids_NK, w_NK, orig_NK)
+        if self.united is not None:
+            y_ND = y_ND + self._united(layer, x_ND, w_NK, uni_NK, gid_E[ids_NK], n_groups)
+        kept, united = orig_NK.sum(), uni_NK.sum()
+        self._count([plan.original_E.sum(), plan.united_groups, kept, united,
+                     ids_NK.numel() - kept - united], dev)
+        return y_ND
+
+    def _selected(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
+                  w_NK: torch.Tensor, orig_NK: torch.Tensor) -> torch.Tensor:
+        """The kept pairs as rows of their own (K = 1) for an inner that cannot skip
+        marked pairs (remote dispatch bills and ships rows): reads their positions."""
         y_ND = torch.zeros_like(x_ND)
         k = ids_NK.shape[1]
-        orig_P = torch.nonzero(run_original[ids_NK].reshape(-1)).flatten()
+        orig_P = torch.nonzero(orig_NK.reshape(-1)).flatten()
         if orig_P.numel():
             tok_P = orig_P // k
-            # One row per kept pair (K = 1): the inner sees only pairs that stay original.
             out_PD = self._call_inner(
                 layer, x_ND[tok_P], ids_NK.reshape(-1)[orig_P, None],
                 w_NK.reshape(-1)[orig_P, None], tok_P,
             )
             y_ND.index_add_(0, tok_P, out_PD.to(y_ND.dtype))
-        uni_P = torch.nonzero(to_united[ids_NK].reshape(-1)).flatten()
-        if uni_P.numel():
-            assert self.united is not None  # partial mode, checked in __init__
-            y_ND += self._united(layer, x_ND, ids_NK, w_NK, uni_P, group_of)
-        st.original_accesses += len(plan.original) + len(plan.special)
-        st.united_accesses += len(plan.united)
-        st.original_pairs += int(orig_P.numel())
-        st.united_pairs += int(uni_P.numel())
-        st.dropped_pairs += int(ids_NK.numel() - orig_P.numel() - uni_P.numel())
         return y_ND
 
-    def _united(
-        self,
-        layer: int,
-        x_ND: torch.Tensor,
-        ids_NK: torch.Tensor,
-        w_NK: torch.Tensor,
-        pairs_P: torch.Tensor,
-        group_of: list[int],
-    ) -> torch.Tensor:
-        """Sum over united pairs of w * united[group](x); one row per (token, group)."""
+    def _united(self, layer: int, x_ND: torch.Tensor, w_NK: torch.Tensor,
+                uni_NK: torch.Tensor, grp_NK: torch.Tensor, n_groups: int) -> torch.Tensor:
+        """Sum over united pairs of w * united[group](x), once per (token, group): a
+        token's pairs in one group add their gate weights (eq. 5 summed per group) onto
+        the first of them, the others are marked (id G) and skipped."""
         assert self.united is not None
-        k = ids_NK.shape[1]
+        K = uni_NK.shape[1]
+        same_NKK = (grp_NK[:, :, None] == grp_NK[:, None, :]) & uni_NK[:, :, None] \
+            & uni_NK[:, None, :]
+        w_sum_NK = (same_NKK.to(w_NK.dtype) * w_NK[:, None, :]).sum(-1)
+        earlier_KK = torch.ones(K, K, dtype=torch.bool, device=uni_NK.device).tril(-1)
+        first_NK = uni_NK & ~(same_NKK & earlier_KK).any(-1)
+        gids_NK = torch.where(first_NK, grp_NK, n_groups)
+        gw_NK = torch.where(first_NK, w_sum_NK, 0)
+        stacked = self._stacked_united(layer)
+        if stacked is not None and (self.united_kernel == "stacked"
+                                    or self.inner.skips_marked_pairs):
+            return fused_experts(x_ND, gids_NK, gw_NK, *stacked)
+        # the per-module reference: select the (token, group) rows (reads their count)
         modules: Sequence[nn.Module] = self.united[layer]
-        gid_E = torch.tensor(group_of, dtype=torch.long, device=ids_NK.device)
-        tok_P = pairs_P // k
-        grp_P = gid_E[ids_NK.reshape(-1)[pairs_P]]
-        keys_P = tok_P * len(modules) + grp_P
-        keys_U, inverse_P = torch.unique(keys_P, return_inverse=True)
-        # Gate weights of pairs sharing (token, group) add up (eq. 5 summed per group).
-        w_U = torch.zeros(keys_U.numel(), dtype=w_NK.dtype, device=w_NK.device)
-        w_U.index_add_(0, inverse_P, w_NK.reshape(-1)[pairs_P])
-        tok_U = keys_U // len(modules)
-        stacked = self._stacked_united(layer) if self.united_kernel == "stacked" else None
-        if stacked is not None:
-            out_UD = grouped_matmul(x_ND[tok_U], (keys_U % len(modules))[:, None],
-                                    w_U[:, None], *stacked)
-        else:
-            out_UD = combine_experts(
-                list(modules), x_ND[tok_U], (keys_U % len(modules))[:, None], w_U[:, None]
-            )
+        keep_P = torch.nonzero(first_NK.reshape(-1)).flatten()
         y_ND = torch.zeros_like(x_ND)
-        y_ND.index_add_(0, tok_U, out_UD.to(y_ND.dtype))
+        if keep_P.numel():
+            tok_U = keep_P // K
+            out_UD = combine_experts(list(modules), x_ND[tok_U],
+                                     gids_NK.reshape(-1)[keep_P, None],
+                                     gw_NK.reshape(-1)[keep_P, None])
+            y_ND.index_add_(0, tok_U, out_UD.to(y_ND.dtype))
         return y_ND
 
     def _stacked_united(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, Any] | None:

@@ -1,10 +1,9 @@
-"""Glue between SALC and a running engine, and the ``--brownout`` option's grammar.
+"""The ``--brownout`` option: what brownout was asked for, and its grammar.
 
-:class:`BrownoutControl` is the one stateful piece: it keeps recent TTFT / TPOT samples
-(pruned to the controllers' window), runs the pure :class:`~moefleet.brownout.salc.SALC`
-before every engine step and sets the step's threshold on a
-:class:`~moefleet.experts.brownout.BrownoutExperts`. Time always comes from the caller
-(``now``), so a fake clock drives it in tests and the simulator.
+:class:`BrownoutSpec` holds a fixed threshold or the SLOs the pure
+:class:`~moefleet.brownout.salc.SALC` controller steers the threshold by (an engine
+step hook, :class:`~moefleet.experts.brownout_hook.SALCHook`, feeds it and applies its
+decisions).
 
 :func:`parse_brownout_spec` reads ``ways=8,threshold=0.4[,mode=full]`` (a fixed
 threshold) or ``ways=8,slo-ttft=0.25,slo-tpot=0.15[,mode=full,warning=0.8,increment=0.1,
@@ -14,13 +13,10 @@ shrink=0.8,window=5,interval=1]`` (SALC; seconds), as ``moefleet serve --brownou
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
-from typing import Literal
 
 from moefleet.brownout.groups import MODES, BrownoutError, check_threshold
-from moefleet.brownout.salc import SALC, LatencySnapshot, SALCDecision, SALCPairState
-from moefleet.experts.brownout import BrownoutExperts
+from moefleet.brownout.salc import SALC
 
 _FLOAT_KEYS = {"slo-ttft": "slo_ttft_s", "slo-tpot": "slo_tpot_s", "warning": "warning",
                "increment": "increment", "shrink": "shrink", "window": "window_s",
@@ -91,6 +87,10 @@ def parse_brownout_spec(text: str) -> BrownoutSpec:
             raise BrownoutError(f"--brownout key {key!r} is unknown",
                                 f"keys: ways, mode, threshold, {', '.join(_FLOAT_KEYS)}")
     slos = [k for k in ("slo_ttft_s", "slo_tpot_s") if k in values]
+    if len(slos) == 1 and "threshold" not in values:
+        missing = "slo-tpot=" if slos == ["slo_ttft_s"] else "slo-ttft="
+        raise BrownoutError(f"--brownout {text!r} lacks {missing}: SALC needs both SLOs",
+                            f"add {missing}, e.g. ways=8,slo-ttft=0.25,slo-tpot=0.15")
     if "ways" not in values or ("threshold" in values) == (len(slos) == 2) or len(slos) == 1:
         raise BrownoutError(f"--brownout {text!r} needs ways= and either threshold= (fixed) "
                             "or both slo-ttft= and slo-tpot= (SALC)",
@@ -102,30 +102,3 @@ def parse_brownout_spec(text: str) -> BrownoutSpec:
     if spec.controlled:
         spec.salc()  # range checks, with messages naming the value
     return spec
-
-
-class BrownoutControl:
-    """SALC applied per engine step to one BrownoutExperts (see module docstring)."""
-
-    def __init__(self, salc: SALC, experts: BrownoutExperts) -> None:
-        self.salc, self.experts = salc, experts
-        self.state = SALCPairState()
-        self._ttft: deque[tuple[float, float]] = deque()
-        self._tpot: deque[tuple[float, float]] = deque()
-        self.last: tuple[SALCDecision, SALCDecision] | None = None
-
-    def record(self, kind: Literal["ttft", "tpot"], finish_s: float, latency_s: float) -> None:
-        (self._ttft if kind == "ttft" else self._tpot).append((finish_s, latency_s))
-
-    def before_step(self, kind: Literal["prefill", "decode"], now: float) -> float:
-        """Run the controllers at ``now``; set and return the threshold for this step."""
-        for samples, window in ((self._ttft, self.salc.prefill.window_s),
-                                (self._tpot, self.salc.decode.window_s)):
-            while samples and samples[0][0] <= now - window:
-                samples.popleft()
-        self.last, self.state = self.salc.step(LatencySnapshot(now, list(self._ttft)),
-                                               LatencySnapshot(now, list(self._tpot)),
-                                               self.state)
-        threshold = SALC.threshold_for(kind, self.state)
-        self.experts.threshold = threshold
-        return threshold

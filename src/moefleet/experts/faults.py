@@ -13,7 +13,8 @@ from moefleet.errors import MoefleetError
 from moefleet.experts.stack import ExpertStack, as_stack
 from moefleet.models.base import ExpertFn
 from moefleet.runtime.errors import FunctionCrashedError, InvocationTimeoutError
-from moefleet.runtime.faults import EXPERT_FAULTS, Dice, FaultPlan, InjectedThrottle
+from moefleet.runtime.faults import EXPERT_FAULTS, FaultPlan, InjectedThrottle
+from moefleet.runtime.stores import Dice
 
 
 class FaultyExperts(ExpertStack):

@@ -1,11 +1,20 @@
-"""In-process expert functions (``ExpertFn``), two kernels with the same result:
+"""In-process expert functions (``ExpertFn``), three kernels with the same result:
 
 - ``"loop"``: one call per expert on its tokens (BrownoutServe's "non-fused" baseline);
 - ``"stacked"``: every expert of a layer in one pair of batched matmuls over the layer's
-  stacked weights, tokens grouped by expert and padded to the largest group ("fused").
+  stacked weights, tokens grouped by expert and padded to the largest group;
+- ``"fused"``: (token, expert) pairs sorted by expert and one grouped GEMM per projection
+  over the sorted rows (``torch._grouped_mm``, what transformers' own ``grouped_mm``
+  experts use; it runs on CPUs and GPUs): no loop over experts, no padding, no host
+  read (segment ends are a device-side cumsum).
+
+Pairs whose expert id is ``>= E`` are *skipped* by the fused kernel (they sort after every
+real expert, past the last segment, and contribute 0): brownout marks the pairs it sends
+elsewhere that way instead of selecting the kept ones, which would need their count on
+the host (:data:`SKIPS_MARKED_PAIRS`).
 
 Shape legend: N tokens, K experts per token, D hidden, F expert intermediate size,
-E experts in the layer, C tokens of the largest expert group.
+E experts in the layer, C tokens of the largest expert group, P = N * K pairs.
 """
 
 from __future__ import annotations
@@ -15,35 +24,45 @@ from typing import Literal
 import torch
 
 from moefleet.errors import MoefleetError
-from moefleet.models.base import ExpertFn, MoEModelAdapter
+from moefleet.models.base import ExpertFn, MoEModelAdapter, count_experts
 
-Kernel = Literal["auto", "loop", "stacked"]
-KERNELS: tuple[Kernel, ...] = ("auto", "loop", "stacked")
+Kernel = Literal["auto", "loop", "stacked", "fused"]
+KERNELS: tuple[Kernel, ...] = ("auto", "loop", "stacked", "fused")
+# attribute set on expert functions that skip pairs with an id >= E (see the docstring)
+SKIPS_MARKED_PAIRS = "skips_marked_pairs"
 
 
 def in_process_experts(adapter: MoEModelAdapter, kernel: Kernel = "auto") -> ExpertFn:
     """Every routed expert of ``adapter`` in this process, computed with ``kernel``.
 
-    ``auto``: the stacked kernel on a GPU (one launch instead of one per expert) and
-    the loop on a CPU, where launches are cheap and the stacked kernel's padding to the
-    largest group is wasted arithmetic (measured: benchmarks/engine_throughput.py).
+    ``auto``: the fused kernel wherever the family keeps stacked expert weights (one
+    grouped GEMM per projection, no padding, no host read: faster than the loop on CPUs
+    too, benchmarks/engine_scale.py), else the loop.
     """
+    stacked_ok = adapter.stacked_expert_weights(adapter.moe_layers[0]) is not None
     if kernel == "auto":
-        on_gpu = adapter.device.type != "cpu"
-        kernel = "stacked" if on_gpu and adapter.stacked_experts(adapter.moe_layers[0]) \
-            is not None else "loop"
+        kernel = "fused" if stacked_ok else "loop"
     if kernel == "loop":
         return adapter.local_expert_fn()
-    if kernel != "stacked":
+    if kernel not in ("stacked", "fused"):
         raise MoefleetError(f"unknown expert kernel {kernel!r}", f"use one of {list(KERNELS)}")
-    if adapter.stacked_experts(adapter.moe_layers[0]) is None:
+    if not stacked_ok:
         raise MoefleetError(
-            f"{adapter.family} keeps no stacked expert weights, so the stacked kernel "
+            f"{adapter.family} keeps no stacked expert weights, so the {kernel} kernel "
             "cannot run it", "use kernel='loop'")
+    if kernel == "fused":
+        def fused(layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
+                  w_NK: torch.Tensor) -> torch.Tensor:
+            stacked = adapter.stacked_expert_weights(layer)
+            assert stacked is not None  # checked for the model above
+            return fused_experts(x_ND, ids_NK, w_NK, *stacked)
+
+        setattr(fused, SKIPS_MARKED_PAIRS, True)
+        return fused
 
     def run(layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
             w_NK: torch.Tensor) -> torch.Tensor:
-        stacked = adapter.stacked_experts(layer)
+        stacked = adapter.stacked_expert_weights(layer)
         assert stacked is not None  # checked for the model above
         gate_up_E2FD, down_EDF, act = stacked
         return grouped_matmul(x_ND, ids_NK, w_NK, gate_up_E2FD, down_EDF, act)
@@ -75,3 +94,50 @@ def grouped_matmul(x_ND: torch.Tensor, ids_NK: torch.Tensor, w_NK: torch.Tensor,
     y_NKD = torch.empty(N * K, D, dtype=x_ND.dtype, device=x_ND.device)
     y_NKD[order] = slots.to(x_ND.dtype)
     return y_NKD.view(N, K, D).sum(dim=1)
+
+
+def fused_experts(x_ND: torch.Tensor, ids_NK: torch.Tensor, w_NK: torch.Tensor,
+                  gate_up_E2FD: torch.Tensor, down_EDF: torch.Tensor, act) -> torch.Tensor:
+    """y_N = sum_k w_NK * expert_{ids_NK}(x_N) as two grouped GEMMs over the pairs sorted
+    by expert; pairs with an id >= E contribute 0 (skipped). No host synchronisation."""
+    N, K = ids_NK.shape
+    E = gate_up_E2FD.shape[0]
+    flat_P = ids_NK.reshape(-1)
+    order_P = torch.argsort(flat_P, stable=True)  # marked pairs (>= E) sort last
+    ends_E = torch.cumsum(count_experts(ids_NK, E), 0)
+    token_P = order_P // K
+    xs_PD = x_ND[token_P]
+    gate_PF, up_PF = _grouped(xs_PD, gate_up_E2FD, ends_E).chunk(2, dim=-1)
+    ys_PD = _grouped(act(gate_PF) * up_PF, down_EDF, ends_E)
+    # rows past the last segment are marked pairs: _grouped_mm leaves them unwritten
+    kept_P = torch.arange(N * K, device=x_ND.device) < ends_E[-1]
+    w_P = w_NK.reshape(-1)[order_P, None]
+    ys_PD = torch.where(kept_P[:, None], ys_PD * w_P.to(ys_PD.dtype), 0)
+    return torch.zeros_like(x_ND).index_add_(0, token_P, ys_PD.to(x_ND.dtype))
+
+
+def _grouped(a_PI: torch.Tensor, w_EOI: torch.Tensor, ends_E: torch.Tensor) -> torch.Tensor:
+    """Rows of segment e (ending at ``ends_E[e]``) times ``w_EOI[e]``^T: ``[P, O]``."""
+    w_EIO = w_EOI.transpose(1, 2)
+    if _HAS_GROUPED_MM and _aligned(a_PI) and _aligned(w_EIO):
+        return torch._grouped_mm(a_PI, w_EIO, offs=ends_E.to(torch.int32))
+    # Reference path where torch has no grouped GEMM, or the shapes break its 16-byte
+    # stride rule (toy widths): one matmul per segment (reads the segment ends on the
+    # host once). Same interface and result.
+    out = a_PI.new_zeros(a_PI.shape[0], w_EOI.shape[1])
+    start = 0
+    for e, end in enumerate(ends_E.tolist()):
+        if end > start:
+            out[start:end] = a_PI[start:end] @ w_EOI[e].T
+        start = end
+    return out
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """``torch._grouped_mm``'s rule: every non-unit stride a multiple of 16 bytes."""
+    size = t.element_size()
+    return all(s == 1 or (s * size) % 16 == 0 for s in t.stride()) \
+        and t.data_ptr() % 16 == 0
+
+
+_HAS_GROUPED_MM = hasattr(torch, "_grouped_mm")

@@ -16,10 +16,10 @@ for that layer, and sums the gate-weighted results:
   while the uploads are still running (each replica polls for its next minibatch).
 
 Slots whose expert id is -1 are skipped and contribute 0: a caller that keeps some experts
-elsewhere (Remoe's ``split_experts``) masks them. Invariants: every other slot is gathered
-exactly once (:func:`scatter.gather` raises otherwise); y equals the in-process experts to
-fp32 rounding; every invocation's record is kept, with each owner's share of its tokens
-(:meth:`set_owners`), until :meth:`drain`.
+elsewhere (Remoe's :class:`~moefleet.experts.split.SplitExperts`) masks them. Invariants:
+every other slot is gathered exactly once (:func:`scatter.gather` raises otherwise); y
+equals the in-process experts to fp32 rounding; every invocation's record is kept, with
+each owner's share of its tokens (:meth:`set_owners`), until :meth:`drain`.
 
 Shape legend: N tokens, D hidden, K experts per token.
 """
@@ -27,41 +27,27 @@ Shape legend: N tokens, D hidden, K experts per token.
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import torch
 
 from moefleet.experts.stack import ExpertStack
-from moefleet.platform import InvocationRecord, ObjectStore
+from moefleet.platform import ObjectStore
 from moefleet.runtime import scatter, transfer
-from moefleet.runtime.base import InvokeResult
+from moefleet.runtime.base import Invoker
 from moefleet.runtime.calls import ExpertDirect, expert_call
 from moefleet.runtime.deploy import Deployment
 from moefleet.runtime.errors import GatherError, PayloadTooLargeError
 from moefleet.runtime.messages import encode
 from moefleet.runtime.payload import pack, resolve, unpack
-from moefleet.runtime.replies import failed_attempts
+from moefleet.runtime.replies import AttributedCalls, Attribution
 
-Attribution = tuple[InvocationRecord, dict[str, float]]
 ANONYMOUS = "-"
-
-
-class Invoker(Protocol):
-    """What RemoteExperts calls functions through: a ``FunctionBackend``, or the nested
-    invoker a function gets in its call context."""
-
-    def invoke(self, name: str, payload: bytes, *,
-               request_id: str | None = None) -> InvokeResult: ...
-
-    @property
-    def max_inline_bytes(self) -> int: ...
 
 
 @dataclass
@@ -88,8 +74,7 @@ class RemoteExperts(ExpertStack):
         self.run_id = uuid.uuid4().hex[:8]
         self._calls = itertools.count()
         self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="moefleet-rx")
-        self._lock = threading.Lock()
-        self._records: list[Attribution] = []
+        self._attributed = AttributedCalls()
         self._owners: np.ndarray | None = None
         self.stats: dict[int, LayerCalls] = {}
         # direct shares over the payload limit sent as extra invocations (a plan whose
@@ -120,9 +105,7 @@ class RemoteExperts(ExpertStack):
 
     def drain(self) -> list[Attribution]:
         """Records since the last drain, each with ``{owner: share of its tokens}``."""
-        with self._lock:
-            out, self._records = self._records, []
-        return out
+        return self._attributed.drain()
 
     def store_requests(self) -> tuple[int, int]:
         """(PUT+LIST, GET) requests this caller made itself (billed as storage)."""
@@ -147,17 +130,7 @@ class RemoteExperts(ExpertStack):
         return {str(n): float(c) / total for n, c in zip(names, counts, strict=True)}
 
     def _invoke(self, fn: str, body: bytes, shares_by_owner: dict[str, float]) -> bytes:
-        # failed attempts the backend retried (billed, as on a platform) are the owners'
-        # too, whether the call then succeeded or gave up
-        with failed_attempts() as failed:
-            try:
-                res = self.invoker.invoke(fn, body)
-            finally:
-                with self._lock:
-                    self._records.extend((r, shares_by_owner) for r in failed)
-        with self._lock:
-            self._records.append((res.record, shares_by_owner))
-        return res.payload
+        return self._attributed.invoke(self.invoker, fn, body, shares_by_owner).payload
 
     # -- the ExpertFn ----------------------------------------------------------------------
     def __call__(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
@@ -173,7 +146,7 @@ class RemoteExperts(ExpertStack):
             raise GatherError(
                 f"layer {layer}: tokens routed to experts {local.tolist()}, which no function "
                 "of the deployment holds (they are the main function's)",
-                "mask slots of local experts with -1 (split_experts does this)")
+                "mask slots of local experts with -1 (SplitExperts does this)")
         shares = scatter.assign(layer, ids_NK, self._replicas[layer],
                                 self._replica_of.get(layer))
         skipped_NK = (ids_NK == -1).numpy()

@@ -1,4 +1,4 @@
-"""The expert stack's one shape, and :func:`compose`, the one order its pieces nest in.
+"""The expert stack's one shape (its pieces nest in one order: :mod:`.nest`).
 
 Every piece is an :class:`ExpertStack`: an ``ExpertFn`` (``layer, x_ND, ids_NK, w_NK ->
 y_ND``) with a typed surface the runner and the composition root use instead of reaching
@@ -13,7 +13,7 @@ into it:
   the fault injector's counters).
 - :meth:`ExpertStack.close` — stops what the stack started (remote dispatch's threads).
 
-The order (:func:`compose`), outermost first::
+The order (:func:`moefleet.experts.nest.compose`), outermost first::
 
     retry ∘ faults ∘ brownout ∘ split(local, remote)
 
@@ -24,18 +24,12 @@ to the main function's own experts or to the expert functions. Any piece may be 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
 
 import torch
 
 from moefleet.models.base import ExpertFn
-
-if TYPE_CHECKING:
-    from moefleet.brownout.groups import Grouping
-    from moefleet.brownout.united import UnitedExperts
-    from moefleet.runtime.faults import FaultPlan
-    from moefleet.runtime.retry import RetryPolicy
 
 S = TypeVar("S", bound="ExpertStack")
 
@@ -49,6 +43,13 @@ class ExpertStack:
     def __call__(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
                  w_NK: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    @property
+    def skips_marked_pairs(self) -> bool:
+        """Whether this piece computes nothing for pairs whose expert id is ``>= E`` (and
+        adds 0 for them): then a caller may mark pairs instead of selecting rows, which
+        would read their count on the host (``experts.kernels``'s fused kernel does)."""
+        return False
 
     def set_owners(self, owners_N: Sequence[str] | None) -> None:
         """Owner of each token row of the following calls (None: one anonymous owner)."""
@@ -73,6 +74,12 @@ class InProcess(ExpertStack):
     def __init__(self, fn: ExpertFn, name: str = "in-process") -> None:
         self.fn, self.name = fn, name
 
+    @property
+    def skips_marked_pairs(self) -> bool:
+        from moefleet.experts.kernels import SKIPS_MARKED_PAIRS
+
+        return bool(getattr(self.fn, SKIPS_MARKED_PAIRS, False))
+
     def __call__(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
                  w_NK: torch.Tensor) -> torch.Tensor:
         return self.fn(layer, x_ND, ids_NK, w_NK)
@@ -89,44 +96,3 @@ def find(stack: ExpertStack, kind: type[S]) -> S | None:
         if isinstance(part, kind):
             return part
     return None
-
-
-def compose(local: ExpertFn | ExpertStack | None = None, *,
-            remote: ExpertStack | None = None,
-            is_local: Mapping[int, torch.Tensor] | None = None,
-            brownout: tuple[Grouping | UnitedExperts, float, str, str] | None = None,
-            faults: FaultPlan | None = None,
-            retry: RetryPolicy | None = None,
-            wrap: Callable[[ExpertStack], ExpertStack | ExpertFn] | None = None
-            ) -> ExpertStack:
-    """Nest the pieces in the module's order and return the outermost.
-
-    ``local`` / ``remote``: the experts computed here and by functions. Both given: Remoe's
-    split (``is_local[layer]`` a bool [E]; a layer without an entry is all local); one:
-    that one. ``brownout``: ``(united experts or grouping, threshold, mode, united_kernel)``.
-    ``faults``: a plan injected at this seam (emulated). ``retry``: the policy of the
-    outermost retry (None: no retry piece). ``wrap``: an extra piece just inside the
-    retries, e.g. a profiler timing whatever the engine's experts cost.
-    """
-    from moefleet.experts.brownout import BrownoutExperts
-    from moefleet.experts.faults import FaultyExperts
-    from moefleet.experts.retry import RetryingExperts
-    from moefleet.experts.split import SplitExperts
-
-    if local is None and remote is None:
-        raise ValueError("an expert stack needs local experts, remote experts, or both")
-    base: ExpertStack
-    if local is not None and remote is not None:
-        base = SplitExperts(as_stack(local), remote, is_local or {})
-    else:
-        base = as_stack(local) if local is not None else remote  # type: ignore[assignment]
-    if brownout is not None:
-        groups, threshold, mode, united_kernel = brownout
-        base = BrownoutExperts(base, groups, threshold, mode, united_kernel=united_kernel)
-    if faults is not None and faults.kind != "none":
-        base = FaultyExperts(base, faults)
-    if wrap is not None:
-        base = as_stack(wrap(base))
-    if retry is not None:
-        base = RetryingExperts(base, retry)
-    return base

@@ -38,7 +38,7 @@ from torch import nn
 
 from moefleet.models.kv import KVCache, KVCacheError, KVLayout, LayoutProbe, StepCacheView
 from moefleet.models.shape import ModelShape
-from moefleet.models.step import StepInput, StepOutput, run_layers
+from moefleet.models.step import StepInput, StepOutput, run_layers, run_layers_parts
 
 # expert_fn(layer, x_ND, ids_NK, weights_NK) -> y_ND: the weighted sum of the chosen
 # experts' outputs for every token (no residual, no shared expert).
@@ -71,6 +71,8 @@ class MoEModelAdapter(ABC):
     model: nn.Module
     tokenizer: Any | None
     causal: bool
+    # labels every output built on this model must carry ("random weights: ...")
+    notes: tuple[str, ...] = ()
 
     # -- structure -------------------------------------------------------------------
     @property
@@ -154,13 +156,13 @@ class MoEModelAdapter(ABC):
         _, weights_NK, ids_NK = self.router_module(layer)(x_ND)
         return ids_NK, weights_NK
 
-    def stacked_experts(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
+    def stacked_expert_weights(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
         """A gated-FFN layer's weights stacked over experts: ``(gate_up_E2FD, down_EDF,
         act)``, views of the model's own tensors; None where the family has no such
         layout (then only the per-expert loop runs it)."""
         return None
 
-    def experts_stacked(self, layer: int) -> list[nn.Module]:
+    def expert_modules(self, layer: int) -> list[nn.Module]:
         return [self.expert(layer, i) for i in range(self.num_experts(layer))]
 
     def local_expert_fn(self) -> ExpertFn:
@@ -212,29 +214,35 @@ class MoEModelAdapter(ABC):
         cached decode steps gives the logits of the model's own forward on the whole
         sequences. Only real tokens reach ``experts``.
         """
-        view = None
-        if cache is not None:
-            if not self.causal:
-                raise KVCacheError(
-                    f"{self.name} ({self.family}) is an encoder: it attends both ways, so "
-                    "nothing can be cached between steps", "run it with cache=None")
-            view = cache.view(step.seq_ids, step.lengths)
-            view.set_valid(step.valid_BT)
-        h_BTD, ctx = self.begin_step(step, view)
+        return self.forward_steps([step], cache, experts)[0]
+
+    @torch.no_grad()
+    def forward_steps(self, steps: list[StepInput], cache: KVCache | None = None,
+                      experts: ExpertFn | None = None) -> list[StepOutput]:
+        """Several steps of distinct sequences (decode rows and prefill chunks, each padded
+        only to its own length) in one layer loop: attention runs per step, each MoE layer
+        calls ``experts`` once on all of their real tokens (step by step, row-major), so
+        the experts' weights are read once. Every output carries the same ``expert_counts``
+        (all steps together). Same results as one :meth:`forward_step` per step."""
+        views: list[StepCacheView | None] = []
+        for step in steps:
+            view = None
+            if cache is not None:
+                if not self.causal:
+                    raise KVCacheError(
+                        f"{self.name} ({self.family}) is an encoder: it attends both ways, "
+                        "so nothing can be cached between steps", "run it with cache=None")
+                view = cache.view(step.seq_ids, step.lengths)
+                view.set_valid(step.valid_BT, step.valid_index())
+            views.append(view)
+        parts = [(step, *self.begin_step(step, view))
+                 for step, view in zip(steps, views, strict=True)]
         counts: dict[int, torch.Tensor] = {}
-        out = self._layers(step, h_BTD, ctx, experts, counts)
-        if view is not None:
-            view.commit()
-        lengths = step.lengths
-        if step.logits == "all":
-            rows = step.all_rows
-            all_logits = [out[b, :n] if rows is None or b in rows else None
-                          for b, n in enumerate(lengths)]
-            last = torch.stack([out[b, n - 1] for b, n in enumerate(lengths)])
-        else:
-            all_logits = [None] * len(lengths)
-            last = out[:, 0]
-        return StepOutput(last, all_logits, counts)
+        outs = run_layers_parts(self, parts, experts or self.local_expert_fn(), counts)
+        for view in views:
+            if view is not None:
+                view.commit()
+        return [_step_output(step, out, counts) for step, out in zip(steps, outs, strict=True)]
 
     def begin_step(self, step: StepInput, view: StepCacheView | None
                    ) -> tuple[torch.Tensor, ForwardContext]:
@@ -246,20 +254,35 @@ class MoEModelAdapter(ABC):
             counts: dict[int, torch.Tensor]) -> torch.Tensor:
         """The routed-expert part of MoE block ``layer``: route the step's real tokens, call
         ``experts`` on them and return their combined output ``[B, T, D]`` (0 at padding).
-        Records the per-expert token counts of the layer in ``counts[layer]``."""
-        valid_N = step.valid_BT.reshape(-1)
-        x_ND = x_BTD.reshape(-1, x_BTD.shape[-1])
-        all_valid = bool(valid_N.all())
-        xv_ND = x_ND if all_valid else x_ND[valid_N]  # padding never reaches experts
-        ids_NK, w_NK = self.route(layer, xv_ND)
-        counts[layer] = torch.bincount(ids_NK.reshape(-1),
-                                       minlength=self.num_experts(layer)).cpu()
-        yv_ND = experts(layer, xv_ND, ids_NK, w_NK)
-        if all_valid:
-            return yv_ND.reshape(x_BTD.shape)
-        y_ND = torch.zeros_like(x_ND)
-        y_ND[valid_N] = yv_ND.to(y_ND.dtype)
-        return y_ND.reshape(x_BTD.shape)
+        Records the per-expert token counts of the layer in ``counts[layer]`` (a device
+        tensor). No host read: the step's valid rows come from its host lengths."""
+        return self.moe_parts(layer, [x_BTD], [step], experts, counts)[0]
+
+    def moe_parts(self, layer: int, xs_BTD: list[torch.Tensor], steps: list[StepInput],
+                  experts: ExpertFn, counts: dict[int, torch.Tensor]) -> list[torch.Tensor]:
+        """:meth:`moe` for several steps with one ``experts`` call on all their real tokens
+        (routing is per token, so it is the same as one call per step)."""
+        xv, index = [], []
+        for x_BTD, step in zip(xs_BTD, steps, strict=True):
+            x_ND = x_BTD.reshape(-1, x_BTD.shape[-1])
+            valid_N = None if step.all_valid else step.valid_index()
+            index.append(valid_N)
+            xv.append(x_ND if valid_N is None else x_ND[valid_N])  # padding never reaches experts
+        xcat_ND = xv[0] if len(xv) == 1 else torch.cat(xv)
+        ids_NK, w_NK = self.route(layer, xcat_ND)
+        # kept on the device; the runner reads every layer's counts once per step
+        counts[layer] = count_experts(ids_NK, self.num_experts(layer))
+        ycat_ND = experts(layer, xcat_ND, ids_NK, w_NK)
+        sizes = [step.num_tokens for step in steps]  # host-known: no read
+        out = []
+        for x_BTD, yv_ND, valid_N in zip(xs_BTD, ycat_ND.split(sizes), index, strict=True):
+            if valid_N is None:
+                out.append(yv_ND.reshape(x_BTD.shape))
+                continue
+            y_ND = x_BTD.new_zeros(x_BTD.shape[0] * x_BTD.shape[1], x_BTD.shape[-1])
+            y_ND[valid_N] = yv_ND.to(y_ND.dtype)
+            out.append(y_ND.reshape(x_BTD.shape))
+        return out
 
     def _layers(self, step: StepInput, h_BTD: torch.Tensor, ctx: ForwardContext,
                 expert_fn: ExpertFn | None, counts: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -309,6 +332,30 @@ class MoEModelAdapter(ABC):
             total_param_bytes=total,
             causal=self.causal,
         )
+
+
+def _step_output(step: StepInput, out: torch.Tensor,
+                 counts: dict[int, torch.Tensor]) -> StepOutput:
+    lengths = step.lengths
+    if step.logits == "all":
+        rows = step.all_rows
+        all_logits = [out[b, :n] if rows is None or b in rows else None
+                      for b, n in enumerate(lengths)]
+        last = torch.stack([out[b, n - 1] for b, n in enumerate(lengths)])
+    else:
+        all_logits = [None] * len(lengths)
+        last = out[:, 0]
+    return StepOutput(last, all_logits, counts)
+
+
+def count_experts(ids_NK: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Pairs per expert, ``[num_experts]`` (ids >= num_experts, marked pairs, are not
+    counted). A scatter, not ``bincount``: bincount's output size depends on the largest
+    id, which a GPU would have to send back to the host first."""
+    flat = ids_NK.reshape(-1)
+    out = torch.zeros(num_experts + 1, dtype=torch.long, device=flat.device)
+    out.scatter_add_(0, flat.clamp(max=num_experts), torch.ones_like(flat))
+    return out[:num_experts]
 
 
 def combine_experts(

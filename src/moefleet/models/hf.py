@@ -112,7 +112,7 @@ class HFMoEAdapter(MoEModelAdapter):
     def expert_view(self, layer: int, index: int) -> nn.Module:
         return GatedExpert.from_stacked(self._experts(layer), index, copy=False)
 
-    def stacked_experts(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
+    def stacked_expert_weights(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
         experts = self._experts(layer)
         return experts.gate_up_proj.detach(), experts.down_proj.detach(), experts.act_fn
 

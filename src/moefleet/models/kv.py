@@ -190,9 +190,13 @@ class StepCacheView:
         self._dst_blk = torch.tensor(blk, dtype=torch.long, device=dev)
         self._dst_off = torch.tensor(off, dtype=torch.long, device=dev)
         self._valid_BT: torch.Tensor | None = None
+        self._index_N: torch.Tensor | None = None
 
-    def set_valid(self, valid_BT: torch.Tensor) -> None:
+    def set_valid(self, valid_BT: torch.Tensor, index_N: torch.Tensor | None = None) -> None:
+        """The step's real tokens: a mask, and optionally their flat positions (``b * T +
+        t``, row-major) so that writing them needs no host read of the mask."""
         self._valid_BT = valid_BT.to(self.cache.device)
+        self._index_N = None if index_N is None else index_N.to(self.cache.device)
 
     def update(self, a_BHTC: torch.Tensor, b_BHTC: torch.Tensor, layer_idx: int,
                cache_kwargs: object = None, **kwargs: object
@@ -206,7 +210,12 @@ class StepCacheView:
         out = []
         for x_BHTC, pool in zip((a_BHTC, b_BHTC), pools, strict=True):
             # [B, H, T, C] -> [B, T, H, C] -> [N_valid, H, C] -> [H, N_valid, C]
-            new_HNC = x_BHTC.transpose(1, 2)[self._valid_BT].transpose(0, 1)
+            x_BTHC = x_BHTC.transpose(1, 2)
+            if self._index_N is not None:  # positions known on the host: no mask read
+                B, T = x_BTHC.shape[:2]
+                new_HNC = x_BTHC.reshape(B * T, *x_BTHC.shape[2:])[self._index_N].transpose(0, 1)
+            else:
+                new_HNC = x_BTHC[self._valid_BT].transpose(0, 1)
             pool[:, self._dst_blk, self._dst_off] = new_HNC.to(pool.dtype)
             g_HBMPC = pool[:, self._table_BM]  # the one copy: each row's blocks
             H, B, M, P, C = g_HBMPC.shape

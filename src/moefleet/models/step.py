@@ -36,6 +36,8 @@ class StepInput:
     ``logits``: ``"last"`` computes the head only at each row's last real token (what
     sampling needs); ``"all"`` at every real token (prompt logprobs, the prefill-only
     forward). ``all_rows`` limits ``"all"`` to some rows (others get their last only).
+    ``host_lengths``: each row's real tokens, known on the host when the step was built
+    from lists, so the layers never read them back from the device (no synchronisation).
     """
 
     seq_ids: list[int]
@@ -44,6 +46,7 @@ class StepInput:
     valid_BT: torch.Tensor
     logits: LogitsWanted = "last"
     all_rows: frozenset[int] | None = None
+    host_lengths: list[int] | None = None
 
     @classmethod
     def from_lists(cls, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]],
@@ -65,7 +68,8 @@ class StepInput:
             valid[b, : len(row)] = True
         pos = torch.as_tensor(list(starts), dtype=torch.long)[:, None] + torch.arange(T)[None]
         return cls(list(seq_ids), ids.to(device), (pos * valid).to(device), valid.to(device),
-                   logits, frozenset(all_rows) if all_rows is not None else None)
+                   logits, frozenset(all_rows) if all_rows is not None else None,
+                   [len(t) for t in tokens])
 
     @property
     def num_rows(self) -> int:
@@ -73,11 +77,26 @@ class StepInput:
 
     @property
     def lengths(self) -> list[int]:
+        if self.host_lengths is not None:
+            return list(self.host_lengths)
         return [int(n) for n in self.valid_BT.sum(dim=1).tolist()]
 
     @property
     def num_tokens(self) -> int:
-        return int(self.valid_BT.sum())
+        return sum(self.lengths)
+
+    @property
+    def all_valid(self) -> bool:
+        """Every row is full (no padding): decode steps, equal prefill chunks."""
+        T = self.valid_BT.shape[1]
+        return all(n == T for n in self.lengths)
+
+    def valid_index(self) -> torch.Tensor:
+        """Flat positions (``b * T + t``) of the real tokens, row-major, on the step's
+        device; built from the host lengths (indexing by it reads nothing back)."""
+        T = self.valid_BT.shape[1]
+        idx = [b * T + t for b, n in enumerate(self.lengths) for t in range(n)]
+        return torch.tensor(idx, dtype=torch.long, device=self.valid_BT.device)
 
 
 @dataclass
@@ -116,12 +135,31 @@ def run_layers(stack: LayerStack, step: StepInput, h: Any, ctx: Any, experts: An
     """The layer loop: ``pre_moe -> moe (MoE blocks only) -> post_moe`` for every block,
     then the head (``finish``). With ``step.logits == "last"`` the head runs only at each
     row's last real token (what sampling needs); ``h`` is then a tensor ``[B, T, D]``."""
+    return run_layers_parts(stack, [(step, h, ctx)], experts, counts)[0]
+
+
+def run_layers_parts(stack: LayerStack, parts: Sequence[tuple[StepInput, Any, Any]],
+                     experts: Any, counts: dict[int, torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`run_layers` over several steps of distinct sequences in lockstep: each block's
+    attention per step, its routed experts once for all of them (``stack.moe_parts``,
+    which a stack of several parts must have), so a step mixing decode rows and a prefill
+    chunk reads the experts' weights once, with no row padded to another's length."""
     moe = set(stack.moe_layers)
+    steps = [p[0] for p in parts]
+    hs = [p[1] for p in parts]
+    ctxs = [p[2] for p in parts]
     for layer in range(stack.num_layers):
-        residual, x = stack.pre_moe(layer, h, ctx)
-        routed = stack.moe(layer, x, step, experts, counts) if layer in moe else None
-        h = stack.post_moe(layer, residual, x, routed)
-    if step.logits == "last":
-        last_B = step.valid_BT.sum(dim=1) - 1
-        h = h[torch.arange(h.shape[0], device=h.device), last_B][:, None]
-    return stack.finish(h, ctx)
+        pre = [stack.pre_moe(layer, h, ctx) for h, ctx in zip(hs, ctxs, strict=True)]
+        routed: list[Any] = [None] * len(parts)
+        if layer in moe:
+            xs = [x for _, x in pre]
+            routed = ([stack.moe(layer, xs[0], steps[0], experts, counts)] if len(parts) == 1
+                      else stack.moe_parts(layer, xs, steps, experts, counts))  # type: ignore[attr-defined]
+        hs = [stack.post_moe(layer, r, x, y) for (r, x), y in zip(pre, routed, strict=True)]
+    out = []
+    for step, h, ctx in zip(steps, hs, ctxs, strict=True):
+        if step.logits == "last":
+            last_B = torch.tensor([n - 1 for n in step.lengths], device=step.valid_BT.device)
+            h = h[torch.arange(h.shape[0], device=h.device), last_B][:, None]
+        out.append(stack.finish(h, ctx))
+    return out

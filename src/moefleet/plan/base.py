@@ -85,15 +85,6 @@ def build_plan(
     return plan, est
 
 
-def layer_choices(plan: DeploymentPlan) -> list[LayerChoice]:
-    """The inverse of :func:`build_plan`'s layer part."""
-    return [
-        LayerChoice(lp.method_code, lp.beta,
-                    [ExpertChoice(e.memory_mb, e.replicas) for e in lp.experts])
-        for lp in plan.layers
-    ]
-
-
 @dataclass(frozen=True)
 class Solution:
     """A decomposition solve: per layer the method and its frontier point."""

@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from moefleet.autoscale.base import FunctionConfig
+from moefleet.control import FunctionConfig
 from moefleet.errors import MoefleetError
 from moefleet.plan.plan import DeploymentPlan
 from moefleet.platform.specs import PlatformSpec

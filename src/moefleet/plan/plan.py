@@ -154,6 +154,15 @@ class DeploymentPlan(_Strict):
             if max(g.experts) >= sizes[g.layer] or len(set(g.experts)) != len(g.experts):
                 raise ValueError(f"group of layer {g.layer}: expert ids must be distinct "
                                  f"and below {sizes[g.layer]}, got {g.experts}")
+        # Each expert lives in one function: two groups holding it would double its
+        # calls' bills, and identical groups would get the same function name.
+        held: dict[tuple[int, int], int] = {}
+        for i, g in enumerate(self.groups):
+            for e in g.experts:
+                j = held.setdefault((g.layer, e), i)
+                if j != i:
+                    raise ValueError(f"expert {e} of layer {g.layer} is in groups {j} and "
+                                     f"{i}; each expert belongs to at most one group")
         return self
 
     @model_validator(mode="after")
@@ -193,7 +202,7 @@ class DeploymentPlan(_Strict):
             ((lp.layer, (i,), ec.memory_mb, ec.replicas)
              for lp in self.layers for i, ec in enumerate(lp.experts)))
 
-    def local_experts(self, layer: int) -> list[int]:
+    def main_expert_ids(self, layer: int) -> list[int]:
         """Experts of ``layer`` that the main function holds (none without a main)."""
         if self.main is None:
             return []
@@ -237,6 +246,16 @@ class DeploymentPlan(_Strict):
                     spec.check_memory(ec.memory_mb)
         except MoefleetError as err:
             raise PlanError(f"{where}: {err.message}", err.hint) from err
+        if self.main is not None and self.main.gpu_gb > 0:
+            gpu = getattr(spec, "gpu", None)
+            if gpu is None:
+                raise PlanError(f"main.gpu_gb = {self.main.gpu_gb:g} but platform "
+                                f"'{spec.name}' has no GPU functions",
+                                "set main.gpu_gb to 0, or plan for a GPU platform")
+            if self.main.gpu_gb > gpu.memory_gb:
+                raise PlanError(f"main.gpu_gb = {self.main.gpu_gb:g} GB is more than the "
+                                f"{gpu.memory_gb:g} GB GPU of platform '{spec.name}'",
+                                f"set main.gpu_gb to at most {gpu.memory_gb:g}")
         max_rep = getattr(getattr(spec, "limits", None), "max_replicas", None)
         if max_rep:
             for lp in self.layers:

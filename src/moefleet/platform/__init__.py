@@ -17,6 +17,7 @@ from moefleet.platform.billing import (
     InvocationRecord,
     Meter,
     bill_cluster,
+    price_invocation,
 )
 from moefleet.platform.catalog import (
     DEFAULT_PLATFORM,
@@ -68,5 +69,6 @@ __all__ = [
     "load_platform_file",
     "open_store",
     "parse_platform",
+    "price_invocation",
     "validate_key",
 ]

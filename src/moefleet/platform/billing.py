@@ -153,6 +153,32 @@ class Bill:
         }
 
 
+def price_invocation(
+    spec: PlatformSpec,
+    memory_mb: int,
+    duration_s: float,
+    *,
+    init_s: float = 0.0,
+    vcpus: float | None = None,
+    gpu_share: float = 0.0,
+    storage_puts: int = 0,
+    storage_gets: int = 0,
+) -> tuple[CostParts, float]:
+    """The platform meter's price of one invocation, and its billed seconds.
+
+    compute = (GB x per GB-s + vCPUs x per vCPU-s + GPU share x per GPU-s) x billed s, with
+    billed s from the one duration rule (``Billing.billed_s``: rounded up, at least the
+    minimum, INIT where billed); request = one request fee; storage = its PUT/GET fees.
+    The meter, the engine's billers and (by linearity, with the rate per second
+    precomputed) the simulator all price this way.
+    """
+    billed = spec.invocation_billed_s(duration_s, init_s)
+    compute = spec.compute_cost(memory_mb, billed, vcpus, gpu_share)
+    request = spec.request_cost(1)
+    storage = spec.storage_request_cost(storage_puts, storage_gets)
+    return CostParts(compute, request, storage), billed
+
+
 @dataclass(frozen=True, slots=True)
 class _Priced:
     record: InvocationRecord
@@ -183,12 +209,16 @@ class Meter:
         """Billed cost of one record (does not add it)."""
         return self._price(record).cost
 
+    def price(self, record: InvocationRecord) -> tuple[CostParts, float]:
+        """Billed cost and billed seconds of one record (does not add it)."""
+        priced = self._price(record)
+        return priced.cost, priced.billed_s
+
     def _price(self, r: InvocationRecord) -> _Priced:
-        billed = self.spec.invocation_billed_s(r.duration_s, r.init_s)
-        compute = self.spec.compute_cost(r.memory_mb, billed, r.vcpus, r.gpu_share)
-        request = self.spec.request_cost(1)
-        storage = self.spec.storage_request_cost(r.storage_puts, r.storage_gets)
-        return _Priced(r, CostParts(compute, request, storage), billed)
+        cost, billed = price_invocation(
+            self.spec, r.memory_mb, r.duration_s, init_s=r.init_s, vcpus=r.vcpus,
+            gpu_share=r.gpu_share, storage_puts=r.storage_puts, storage_gets=r.storage_gets)
+        return _Priced(r, cost, billed)
 
     def add(self, record: InvocationRecord) -> CostParts:
         """Add one record; returns its billed cost."""

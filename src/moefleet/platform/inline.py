@@ -29,12 +29,6 @@ def planning_inline_bytes(limit_bytes: int) -> int:
     return base64_inline_bytes(limit_bytes)
 
 
-def direct_tokens_fit(tokens: int, bytes_in: int, bytes_out: int, inline_bytes: int) -> bool:
-    """Whether a direct replica of ``tokens`` tokens sends and returns inline."""
-    per = max(bytes_in + GATE_WEIGHT_BYTES, bytes_out)
-    return tokens * per + PACKET_ENVELOPE_BYTES <= inline_bytes
-
-
 # -- spilling: which tensors of a packet travel through the object store -----------------
 SPILL_HEADER_BYTES = 4096  # kept free for the safetensors header when a packet spills
 

@@ -163,6 +163,23 @@ class Billing(StrictBlock):
     min_billed_ms: NonNegativeInt = 0
     init_billed: bool
 
+    def billed_s(self, duration_s: float, init_s: float = 0.0) -> float:
+        """THE billing rule: billed seconds of one invocation that ran ``duration_s`` after
+        an INIT of ``init_s`` (counted only where the platform bills INIT), rounded up to
+        the granularity, at least the minimum.
+
+        Every biller uses this one function: the meter (via ``PlatformSpec``), the
+        simulators and the engine's billers. Inputs are not checked here (the simulator
+        calls it on its hottest path with durations >= 0 by construction);
+        ``PlatformSpec.invocation_billed_s`` is the checked entry point.
+        """
+        # Integer nanoseconds: avoids ceil(0.3 / 0.1) == 4 style float artefacts.
+        dur_ns = round((duration_s + init_s if self.init_billed else duration_s) * 1e9)
+        gran_ns = self.granularity_ms * 1_000_000
+        billed_ns = -(-dur_ns // gran_ns) * gran_ns
+        min_ns = self.min_billed_ms * 1_000_000
+        return (billed_ns if billed_ns > min_ns else min_ns) / 1e9
+
 
 class Limits(StrictBlock):
     sync_payload_bytes: PositiveInt

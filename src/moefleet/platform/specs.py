@@ -272,12 +272,7 @@ class PlatformSpec(StrictBlock):
     def billed_duration_s(self, duration_s: float) -> float:
         """Duration (s) rounded up to the billing granularity, at least the minimum."""
         _check_duration(duration_s, "duration_s")
-        b = self._need(self.billing, "billing rules")
-        gran_ns = b.granularity_ms * 1_000_000
-        # Integer nanoseconds: avoids ceil(0.3 / 0.1) == 4 style float artefacts.
-        dur_ns = round(duration_s * 1e9)
-        billed_ns = max(-(-dur_ns // gran_ns) * gran_ns, b.min_billed_ms * 1_000_000)
-        return billed_ns / 1e9
+        return self._need(self.billing, "billing rules").billed_s(duration_s)
 
     def compute_cost(
         self, mem_mb: int, billed_s: float, vcpus: float | None = None, gpu_share: float = 0.0
@@ -291,11 +286,11 @@ class PlatformSpec(StrictBlock):
         return per_s * billed_s
 
     def invocation_billed_s(self, duration_s: float, init_s: float = 0.0) -> float:
-        """Billed seconds of one invocation: INIT counts only where the platform bills it."""
+        """Billed seconds of one invocation: INIT counts only where the platform bills it
+        (:meth:`Billing.billed_s`, the one rule, after checking the inputs)."""
         _check_duration(duration_s, "duration_s")
         _check_duration(init_s, "init_s")
-        b = self._need(self.billing, "billing rules")
-        return self.billed_duration_s(duration_s + (init_s if b.init_billed else 0.0))
+        return self._need(self.billing, "billing rules").billed_s(duration_s, init_s)
 
     def invocation_cost(
         self,

@@ -31,9 +31,9 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from moefleet.autoscale.base import FunctionConfig
+from moefleet.control import FunctionConfig
 from moefleet.errors import MoefleetError, UnknownNameError
 from moefleet.platform import InvocationRecord, PlatformSpec
 from moefleet.runtime.errors import (
@@ -153,6 +153,18 @@ class InvokeResult:
 
     payload: bytes
     record: InvocationRecord
+
+
+class Invoker(Protocol):
+    """What callers invoke functions through: a :class:`FunctionBackend`, or the nested
+    invoker a function gets in its call context (``ctx.functions``). The one protocol
+    remote experts, the segment runner and function handlers share."""
+
+    def invoke(self, name: str, payload: bytes, *,
+               request_id: str | None = None) -> InvokeResult: ...
+
+    @property
+    def max_inline_bytes(self) -> int: ...
 
 
 def validate_spec(platform: PlatformSpec, spec: FunctionSpec) -> FunctionSpec:

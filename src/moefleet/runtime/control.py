@@ -17,34 +17,31 @@ request of each record in :meth:`ControlLoop.request_finished`, so request share
 per request, not per call.
 
 What the platform cannot apply is never applied raw: the backend clamps to its limits
-(``reconfigure``) and :class:`MemoryFloor` raises a memory below what a function needs
-to start; both are counted (``ControlLoop.clamped``, ``MemoryFloor.clamped``).
+(``reconfigure``) and :class:`~moefleet.control.MemoryFloor` raises a memory below what
+a function needs to start; both are counted (``ControlLoop.clamped``,
+``MemoryFloor.clamped``). The controller, its bounds and delays are
+:mod:`moefleet.control`'s: the simulator drives the very same objects.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from moefleet.autoscale.base import (
-    AutoscaleError,
-    Controller,
-    Decisions,
+from moefleet.control import (
+    APPLY_DELAY_S,
+    ControlError,
     FunctionConfig,
     FunctionMetrics,
     MetricsSnapshot,
-    PolicyState,
+    ScalingController,
 )
 from moefleet.platform import InvocationRecord
 from moefleet.runtime.base import FunctionBackend
-
-_log = logging.getLogger(__name__)
-APPLY_DELAY_S = 1.0  # the default delay between a decision and its effect (the harness's)
 
 
 def _p95(values: list[float]) -> float:
@@ -63,92 +60,10 @@ class ControlConfig:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.interval_s) and self.interval_s > 0):
-            raise AutoscaleError(f"control interval must be > 0 s, got {self.interval_s!r}",
+            raise ControlError(f"control interval must be > 0 s, got {self.interval_s!r}",
                                  "pass e.g. interval_s=10")
         if not (math.isfinite(self.apply_delay_s) and self.apply_delay_s >= 0):
-            raise AutoscaleError(f"apply delay must be >= 0 s, got {self.apply_delay_s!r}")
-
-
-class Wrapped(Controller):
-    """A controller around ``inner``: its name, initial state and deployed configs are
-    the inner one's; subclasses change only ``decide``."""
-
-    def __init__(self, inner: Controller) -> None:
-        self.inner, self.name = inner, inner.name
-
-    def initial_state(self) -> PolicyState:
-        return self.inner.initial_state()
-
-    def deployed_configs(self) -> Decisions:
-        return self.inner.deployed_configs()
-
-
-class MemoryFloor(Wrapped):
-    """``inner`` with every decided memory raised to the function's floor
-    (``floor_mb[name]``: the least memory its instance starts in on this platform).
-    A decision below it would fail every call (out of memory), so it is clamped, logged
-    and listed in ``clamped`` as (time, function, decided, applied); a decision that
-    the clamp turns into the current config is dropped. Pure otherwise: state is the
-    inner controller's."""
-
-    def __init__(self, inner: Controller, floor_mb: Mapping[str, int]) -> None:
-        super().__init__(inner)
-        self.floor_mb = dict(floor_mb)
-        self.clamped: list[tuple[float, str, FunctionConfig, FunctionConfig]] = []
-
-    def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
-                                                                             PolicyState]:
-        decisions, state = self.inner.decide(snapshot, state)
-        out: dict[str, FunctionConfig] = {}
-        for name, cfg in decisions.items():
-            floor = self.floor_mb.get(name, 0)
-            if cfg.memory_mb < floor:
-                new = replace(cfg, memory_mb=floor)
-                _log.warning("%s: decision %s raised to the memory floor %d MB", name, cfg,
-                             floor)
-                self.clamped.append((snapshot.t_s, name, cfg, new))
-                cfg = new
-            if name not in snapshot.functions or snapshot.functions[name].config != cfg:
-                out[name] = cfg
-        return out, state
-
-
-class Replayed(Controller):
-    """The decisions a run applied, decided again at the same interval: ``applied`` as
-    (time applied since the replay's start, function, config); a decision applied at
-    ``t`` was taken at the snapshot ``apply_delay_s`` before it. For the simulator, to
-    tell the simulator's error from a controller that saw other snapshots and chose
-    otherwise."""
-
-    name = "replayed"
-
-    def __init__(self, applied: Sequence[tuple[float, str, FunctionConfig]], interval_s: float,
-                 apply_delay_s: float = APPLY_DELAY_S) -> None:
-        self.by_interval: dict[int, dict[str, FunctionConfig]] = {}
-        for t, name, cfg in applied:
-            k = max(1, round((t - apply_delay_s) / interval_s))
-            self.by_interval.setdefault(k, {})[name] = cfg
-        self.interval_s = interval_s
-
-    def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
-                                                                             PolicyState]:
-        k = (state or 0) + 1  # the k-th snapshot of the replay
-        return dict(self.by_interval.get(k, {})), k
-
-
-class Deferred(Wrapped):
-    """``inner`` from time ``start_s`` on; before it, no decisions and no snapshots reach
-    it (the warm-up before a replay is not the controller's to see)."""
-
-    def __init__(self, inner: Controller, start_s: float) -> None:
-        super().__init__(inner)
-        self.start_s = start_s
-
-    def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
-                                                                             PolicyState]:
-        if snapshot.t_s <= self.start_s + 1e-9:
-            return {}, state
-        return self.inner.decide(snapshot, state)
+            raise ControlError(f"apply delay must be >= 0 s, got {self.apply_delay_s!r}")
 
 
 class ControlLoop:
@@ -158,7 +73,7 @@ class ControlLoop:
     decided, applied). ``request_started``/``request_finished`` may be called from any
     thread."""
 
-    def __init__(self, backend: FunctionBackend, controller: Controller,
+    def __init__(self, backend: FunctionBackend, controller: ScalingController,
                  config: ControlConfig | None = None, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.backend, self.controller = backend, controller

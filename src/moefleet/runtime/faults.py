@@ -3,8 +3,10 @@
 :class:`FaultyBackend` wraps any :class:`~moefleet.runtime.base.FunctionBackend` and, for a
 seeded fraction ``rate`` of invocations, injects one fault of a :class:`FaultPlan`'s kind:
 
-``crash``      a worker process of the wrapped local backend is SIGKILLed while the call
-               runs (real: the backend sees the lost call, bills the attempt, retries);
+``crash``      the worker process the wrapped local backend dispatches the call to is
+               SIGKILLed as the call is sent (its ``dispatch_hook``), so the attempt is
+               certainly lost (real: the backend sees the lost call, bills the attempt,
+               retries); other backends: a random worker after ``crash_after_s``;
 ``timeout``    the attempt is abandoned at the function's timeout (emulated: the wrapper
                raises ``InvocationTimeoutError`` after ``timeout_s`` and bills the full
                timeout, as Lambda bills a timed-out attempt);
@@ -23,12 +25,13 @@ answers), ``stall`` (sleeps ``stall_s``: a call that hangs far past any SLO) or
 ``error`` (a ``RuntimeError``: a handler bug, which no policy retries). All of them are
 emulated: the experts run in process and the wrapper stands in for the remote call.
 
-:class:`FaultyStore` wraps an :class:`~moefleet.platform.ObjectStore`: ``store-503``
-raises :class:`StoreUnavailableError` (S3 503 SlowDown) and ``store-drop`` a
+:func:`store_faults` wraps an :class:`~moefleet.platform.ObjectStore` in the one
+:class:`~moefleet.runtime.stores.FaultyStore`: ``store-503`` raises
+:class:`StoreUnavailableError` (S3 503 SlowDown) and ``store-drop`` a
 ``ConnectionResetError`` before the operation reaches the store, at rate ``rate``.
-:class:`ResilientStore` retries store operations under the ``store`` retry policy; a
-retried ``put`` writes the same bytes under the same key (idempotent: never a second
-object).
+:class:`~moefleet.runtime.stores.RetryingStore` retries store operations under the
+``store`` retry policy; a retried ``put`` writes the same bytes under the same key
+(idempotent: never a second object).
 
 Every retry above the backend goes through :func:`~moefleet.runtime.retry.retry_call`
 with the backend's explicit :data:`~moefleet.runtime.retry.POLICIES` entry; a retried
@@ -38,7 +41,6 @@ Everything marked "emulated" says so in the benchmark's JSON.
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import os
 import random
@@ -46,10 +48,9 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from moefleet.errors import MoefleetError
-from moefleet.platform import InvocationRecord, ObjectStore, StorageError
+from moefleet.platform import InvocationRecord, ObjectStore
 from moefleet.runtime.base import FunctionBackend, FunctionSpec, InvokeResult
 from moefleet.runtime.errors import (
     InvocationTimeoutError,
@@ -57,18 +58,18 @@ from moefleet.runtime.errors import (
 )
 from moefleet.runtime.replies import failed_record
 from moefleet.runtime.retry import POLICIES, RetryPolicy, retry_call
+from moefleet.runtime.stores import (
+    STORE_OPS,
+    Dice,
+    FaultyStore,
+    StoreFailure,
+)
 
 BACKEND_FAULTS = ("crash", "timeout", "throttle", "straggler")
 STORE_FAULTS = ("store-503", "store-drop")
 EXPERT_FAULTS = ("crash", "timeout", "throttle", "straggler", "stall", "error")
 FAULT_KINDS = BACKEND_FAULTS + STORE_FAULTS
 EMULATED = {"timeout", "throttle", "straggler", "stall", "error"}
-
-
-class StoreUnavailableError(StorageError):
-    """An object store refused a request for now (S3: 503 SlowDown)."""
-
-    retry_after_s = 0.0
 
 
 class InjectedThrottle(ThrottledError):
@@ -102,20 +103,6 @@ class FaultPlan:
             raise MoefleetError(f"fault rate must be in [0, 1], got {self.rate}")
 
 
-class Dice:
-    """A seeded, thread-safe Bernoulli source (one draw per operation)."""
-
-    def __init__(self, rate: float, seed: int) -> None:
-        self.rate, self._rng, self._lock = rate, random.Random(seed), threading.Lock()
-        self.injected = 0
-
-    def roll(self) -> bool:
-        with self._lock:
-            hit = self._rng.random() < self.rate
-            self.injected += int(hit)
-            return hit
-
-
 class FaultyBackend(FunctionBackend):
     """Wraps ``inner`` and injects backend faults; retries with ``policy`` above it."""
 
@@ -131,6 +118,12 @@ class FaultyBackend(FunctionBackend):
         self._lock = threading.Lock()
         self._failed: list[InvocationRecord] = []
         self.retries = 0
+        # crash on a backend with a dispatch hook (local): the hook kills the very worker
+        # an armed attempt is dispatched to, so every injected crash loses that attempt.
+        self._armed = threading.local()
+        self._hooked = plan.kind == "crash" and hasattr(inner, "dispatch_hook")
+        if self._hooked:
+            inner.dispatch_hook = self._kill_dispatched  # type: ignore[attr-defined]
 
     @property
     def injected(self) -> int:
@@ -188,13 +181,27 @@ class FaultyBackend(FunctionBackend):
         if kind == "straggler":
             time.sleep(self.plan.straggle_s)
             return self.inner.invoke(name, payload, request_id=request_id)
-        # crash: SIGKILL a worker while this call runs; the backend retries the lost call.
+        # crash: SIGKILL the worker this call is dispatched to; the backend bills the lost
+        # attempt and retries it. The hook fires once, on this thread's first dispatch.
+        if self._hooked:
+            self._armed.on = True
+            try:
+                return self.inner.invoke(name, payload, request_id=request_id)
+            finally:
+                self._armed.on = False
+        # Backends without the hook: a random worker after crash_after_s (may miss).
         killer = threading.Timer(self.plan.crash_after_s, self._kill_a_worker)
         killer.start()
         try:
             return self.inner.invoke(name, payload, request_id=request_id)
         finally:
             killer.cancel()
+
+    def _kill_dispatched(self, name: str, pid: int) -> None:
+        if getattr(self._armed, "on", False):
+            self._armed.on = False
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # a worker process of the wrapped backend
 
     def _kill_a_worker(self) -> None:
         pids: list[int] = getattr(self.inner, "worker_pids", lambda: [])()
@@ -228,81 +235,9 @@ def parse_fault(text: str) -> FaultPlan:
     return FaultPlan(parts[0], rate, seed=seed, timeout_s=secs, straggle_s=secs, stall_s=secs)
 
 
-class FaultyStore(ObjectStore):
-    """Wraps ``inner``; a seeded fraction of operations fails before reaching it."""
-
-    def __init__(self, inner: ObjectStore, plan: FaultPlan) -> None:
-        super().__init__()
-        self.inner, self.plan = inner, plan
-        self.url = inner.url
-        self._dice = Dice(plan.rate if plan.kind in STORE_FAULTS else 0.0, plan.seed + 7)
-
-    @property
-    def injected(self) -> int:
-        return self._dice.injected
-
-    def _maybe_fail(self, op: str, key: str) -> None:
-        if self._dice.roll():
-            if self.plan.kind == "store-503":
-                raise StoreUnavailableError(f"{op} {key}: 503 SlowDown (injected)")
-            raise ConnectionResetError(f"{op} {key}: connection reset (injected)")
-
-    def put(self, key: str, data: bytes) -> None:
-        self._maybe_fail("PUT", key)
-        self.inner.put(key, data)
-
-    def get(self, key: str) -> bytes:
-        self._maybe_fail("GET", key)
-        return self.inner.get(key)
-
-    def exists(self, key: str) -> bool:
-        self._maybe_fail("HEAD", key)
-        return self.inner.exists(key)
-
-    def delete(self, key: str) -> None:
-        self._maybe_fail("DELETE", key)
-        self.inner.delete(key)
-
-    def list(self, prefix: str = "") -> builtins.list[str]:
-        self._maybe_fail("LIST", prefix)
-        return self.inner.list(prefix)
-
-    def stats(self) -> Any:
-        return self.inner.stats()
-
-
-class ResilientStore(ObjectStore):
-    """Retries every operation of ``inner`` under ``policy`` (default: ``store``)."""
-
-    def __init__(self, inner: ObjectStore, policy: RetryPolicy | None = None,
-                 seed: int = 0) -> None:
-        super().__init__()
-        self.inner, self.policy = inner, policy or POLICIES["store"]
-        self.url = inner.url
-        self._rng = random.Random(seed)
-        self.retries = 0
-
-    def _retry(self, fn: Any) -> Any:
-        def failed(err: BaseException, attempt: int) -> None:
-            self.retries += 1
-
-        return retry_call(self.policy, fn, on_failure=failed, rng=self._rng)
-
-    def put(self, key: str, data: bytes) -> None:
-        # Idempotent: a retry rewrites the same bytes under the same key.
-        self._retry(lambda: self.inner.put(key, data))
-
-    def get(self, key: str) -> bytes:
-        return self._retry(lambda: self.inner.get(key))
-
-    def exists(self, key: str) -> bool:
-        return self._retry(lambda: self.inner.exists(key))
-
-    def delete(self, key: str) -> None:
-        self._retry(lambda: self.inner.delete(key))
-
-    def list(self, prefix: str = "") -> builtins.list[str]:
-        return self._retry(lambda: self.inner.list(prefix))
-
-    def stats(self) -> Any:
-        return self.inner.stats()
+def store_faults(inner: ObjectStore, plan: FaultPlan) -> FaultyStore:
+    """``inner`` failing a seeded fraction ``plan.rate`` of every operation with the plan's
+    store fault (none for a backend or expert fault kind)."""
+    failure: StoreFailure = "store-503" if plan.kind == "store-503" else "store-drop"
+    rate = plan.rate if plan.kind in STORE_FAULTS else 0.0
+    return FaultyStore(inner, STORE_OPS, rate=rate, seed=plan.seed + 7, failure=failure)

@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from moefleet.platform import ObjectStore
-from moefleet.runtime.base import HandlerRef
+from moefleet.runtime.base import HandlerRef, Invoker
 from moefleet.runtime.errors import FunctionError
-from moefleet.runtime.nested import Invoker
 from moefleet.runtime.stores import import_callable
 
 # A per-caller view of the instance's store and the counter behind it (None, None: none).

@@ -24,9 +24,10 @@ What is **emulated** (one machine standing in for a FaaS fleet):
   own ``main_workers`` workers: a main waiting on its experts never holds their slots;
 - the store is whatever ``store`` names (a local directory by default: far faster than S3;
   ``store_latency=(latency_s, bytes_per_s)`` emulates the platform's storage);
-- ``wire="base64"`` gives packets the aws backend's inline budget (base64 inside a JSON
-  event) instead of the raw payload limit, so tensors spill to the store where they would
-  on Lambda. Memory per worker and per function: README, "Running a deployment for real".
+- ``wire="base64"``: the aws backend's inline budget (base64 in a JSON event), so tensors
+  spill to the store where they would on Lambda. Memory: README, "Running a deployment".
+``dispatch_hook(function, worker_pid)`` runs just before an attempt is sent (fault injection
+kills exactly that worker); a lost attempt is billed until the loss, ``stats()["lost"]``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -63,7 +65,7 @@ from moefleet.runtime.local_pool import (
     LostWorker,
     Worker,
     WorkerPool,
-    default_workers,
+    checked_workers,
     process_memory_mb,
     store_config,
 )
@@ -82,16 +84,15 @@ _TICK_S = 0.05  # housekeeping period (deadlines, keep-alive)
 
 
 class LocalBackend(FunctionBackend):
-    """Worker-process backend. ``store`` is where handlers read weights and exchange
-    tensors (path, URL or ObjectStore with a ``url``); ``workers`` the pool size (default:
-    :func:`default_workers`). A crashed call is retried ``max_retries`` times after
-    ``retry_backoff_s`` x 1, 2, 4 ...; a call waits at most ``admission_timeout_s``
-    (default: its timeout + 60 s) for a free instance slot. ``store_latency`` =
-    (seconds, bytes/s) emulates a remote store; ``store_wrap`` = ("module:factory",
-    options) wraps the workers' store (fault injection). ``main_workers`` is the size of
-    the separate pool main functions run on. ``max_threads`` caps every instance's torch
-    threads below the machine's cores (on a shared machine a 2-thread instance measures
-    the other jobs' contention: its OpenMP team waits on a descheduled thread)."""
+    """Worker-process backend. ``store`` is where handlers read weights and exchange tensors
+    (path, URL or ObjectStore with a ``url``); ``workers`` the pool size (default:
+    :func:`default_workers`, refused past the memory). A crashed call is retried
+    ``max_retries`` times after ``retry_backoff_s`` x 1, 2, 4 ...; a call waits at most
+    ``admission_timeout_s`` (default: its timeout + 60 s) for a free instance slot.
+    ``store_latency`` = (seconds, bytes/s) emulates a remote store; ``store_wrap`` =
+    ("module:factory", options) wraps the workers' store (fault injection); ``main_workers``
+    sizes the main functions' pool; ``max_threads`` caps every instance's torch threads
+    (on a shared machine a 2-thread instance measures the other jobs' contention)."""
 
     name = "local"
 
@@ -133,8 +134,9 @@ class LocalBackend(FunctionBackend):
         self._records: list[InvocationRecord] = []
         self._ids = itertools.count(1)
         self.limits = limits_default() if limits is None else limits
-        self._counters: dict[str, Any] = {"retries": 0, "timeouts": 0, "cold_starts": 0,
+        self._counters: dict[str, Any] = {"retries": 0, "timeouts": 0, "lost": 0, "cold_starts": 0,
                                           "out_of_memory": 0, "cpu_stretch_s": 0.0}
+        self.dispatch_hook: Callable[[str, int], None] | None = None
         if main_workers < 1:
             raise ValueError(f"main_workers must be >= 1, got {main_workers}")
         self._main_workers = main_workers
@@ -144,14 +146,13 @@ class LocalBackend(FunctionBackend):
             cond=self._cond, start_method=start_method, startup_timeout_s=startup_timeout_s,
             on_nested=self._serve_nested)
         self._pools: dict[str, WorkerPool] = {}
-        self._pools["fn"] = self._new_pool("fn", workers or default_workers())
+        self._pools["fn"] = self._new_pool("fn", checked_workers(workers))
         self._housekeeper = threading.Thread(target=self._housekeep, daemon=True,
                                              name="moefleet-local-housekeeper")
         self._housekeeper.start()
 
     @property
-    def max_inline_bytes(self) -> int:
-        """The packet budget: the raw payload limit, or the base64 one (``wire``)."""
+    def max_inline_bytes(self) -> int:  # the raw payload limit, or the base64 one (wire)
         return self._limit
 
     def _new_pool(self, key: str, size: int) -> WorkerPool:
@@ -163,9 +164,6 @@ class LocalBackend(FunctionBackend):
 
         return WorkerPool(size, on_lost=forget, name="main" if key == "main" else "worker",
                           **self._pool_options)
-
-    def _pool_of(self, spec: FunctionSpec) -> str:
-        return "main" if spec.kind == "main" else "fn"
 
     def _serve_nested(self, w: Worker, header: dict[str, Any], body: bytes) -> None:
         """A handler's ``ctx.functions.invoke``: run here like any call, on a thread."""
@@ -300,7 +298,7 @@ class LocalBackend(FunctionBackend):
             if warm:
                 return fn, min(warm, key=lambda i: (i.in_flight, -i.last_used)), False
             if len(fn.instances) < fn.spec.replicas:
-                key = self._pool_of(fn.spec)
+                key = "main" if fn.spec.kind == "main" else "fn"
                 idle = [w for w in self._pools[key].live() if not w.outstanding]
                 if idle:
                     w = min(idle, key=lambda w: (len(w.hosted), w.slot))
@@ -342,6 +340,8 @@ class LocalBackend(FunctionBackend):
                                   # an emulated GPU share still holds its CUDA runtime
                                   "emulated_host_mb": (GPU_EMULATED_HOST_MB
                                                        if spec.gpu_share else 0)}
+        if self.dispatch_hook is not None:
+            self.dispatch_hook(name, w.pid)
         sent_at = time.time()
         try:
             with w.send_lock:
@@ -362,6 +362,7 @@ class LocalBackend(FunctionBackend):
                 raise timeout_error(name, spec.timeout_s)
             if call.lost or call.reply is None:
                 # The crashed attempt ran (and is billed) until the worker died.
+                self._counters["lost"] += 1
                 self._records.append(failed_record(spec, sent_at, time.time(), request_id,
                                                    len(payload)))
                 raise LostWorker()

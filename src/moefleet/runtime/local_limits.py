@@ -87,8 +87,9 @@ class OutOfMemoryError(Exception):
                      "per replica")
 
 
-class Meter:
-    """Charges one call (or cold start) of one instance; see the module doc."""
+class CallGauge:
+    """Gauges one call (or cold start) of one instance: its memory growth and CPU time,
+    for the emulated limits (not a bill: billing is ``platform.billing.Meter``)."""
 
     def __init__(self) -> None:
         trim_heap()

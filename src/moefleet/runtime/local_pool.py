@@ -71,16 +71,38 @@ class Worker:
     alive: bool = True
 
 
-def default_workers() -> int:
-    """Cores, capped so every worker has ``WORKER_BUDGET_MB`` of available memory."""
-    cores = os.cpu_count() or 1
+def _memory_workers() -> int | None:
+    """Workers that fit the available memory at ``WORKER_BUDGET_MB`` each (None: unknown)."""
     try:
         with open("/proc/meminfo") as fh:
             avail = next(int(line.split()[1]) // 1024 for line in fh
                          if line.startswith("MemAvailable"))
-        return max(1, min(cores, (avail - 1024) // WORKER_BUDGET_MB))
+        return max(1, (avail - 1024) // WORKER_BUDGET_MB)
     except (OSError, StopIteration, ValueError):
-        return cores
+        return None
+
+
+def default_workers() -> int:
+    """Cores, capped so every worker has ``WORKER_BUDGET_MB`` of available memory."""
+    cores = os.cpu_count() or 1
+    fit = _memory_workers()
+    return cores if fit is None else min(cores, fit)
+
+
+def checked_workers(workers: int | None) -> int:
+    """``workers`` if that many worker processes fit the available memory (each one
+    imports torch and holds its functions' weights, so 64 of them need gigabytes);
+    None: :func:`default_workers`."""
+    from moefleet.errors import LimitError
+
+    if not workers:
+        return default_workers()
+    fit = _memory_workers()
+    if fit is not None and workers > fit:
+        raise LimitError(f"{workers} local workers need about {workers * WORKER_BUDGET_MB} "
+                         f"MB; this machine has memory for {fit}",
+                         f"use --workers {fit} or fewer (or leave it out)")
+    return workers
 
 
 def process_memory_mb(pid: int) -> dict[str, float]:

@@ -34,7 +34,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from moefleet.platform import ObjectStore
-from moefleet.runtime.local_limits import MB, Meter, OutOfMemoryError, rss_bytes, trim_heap
+from moefleet.runtime.local_limits import MB, CallGauge, OutOfMemoryError, rss_bytes, trim_heap
 
 
 def send_msg(conn: Connection, header: dict[str, Any], body: bytes = b"") -> None:
@@ -114,7 +114,7 @@ class _Worker:
                 load = header.get("load")
                 if load is None:
                     raise RuntimeError(f"instance {iid} is not loaded on this worker")
-                meter = Meter() if self.limits else None
+                gauge = CallGauge() if self.limits else None
                 host = Instance(load["function"], int(load["memory_mb"]),
                                 int(header["threads"]), HandlerRef(**load["handler"]),
                                 self.caller_store, self.max_inline,
@@ -122,8 +122,8 @@ class _Worker:
                 cold = host.start()
                 inst = _Instance(host, load["function"], int(header["threads"]),
                                  int(load["memory_mb"]), float(header.get("vcpus") or 1.0))
-                if meter is not None:
-                    inst.charged = meter.growth() + host.emulated_bytes
+                if gauge is not None:
+                    inst.charged = gauge.growth() + host.emulated_bytes
                     self._check_memory(inst, inst.charged, "init")
                 self.instances[iid] = inst
                 reply.update(cold=True, init_s=cold.init_s, puts=cold.puts, gets=cold.gets)
@@ -131,13 +131,13 @@ class _Worker:
                 self.send({"op": "started", "call": header["call"]})
             phase = "run"
             inst = self.instances[iid]
-            meter = Meter() if self.limits else None
+            gauge = CallGauge() if self.limits else None
             res = inst.host.call(body, header.get("request_id"), self.functions)
             reply.update(start=res.start, end=res.end)
-            if meter is not None:
-                reply["memory_bytes"] = self.base_rss + inst.charged + meter.growth()
-                self._check_memory(inst, meter.growth() + inst.charged, "run")
-                reply["cpu_stretch_s"] = meter.stretch_to_share(inst.vcpus)
+            if gauge is not None:
+                reply["memory_bytes"] = self.base_rss + inst.charged + gauge.growth()
+                self._check_memory(inst, gauge.growth() + inst.charged, "run")
+                reply["cpu_stretch_s"] = gauge.stretch_to_share(inst.vcpus)
                 reply["end"] = time.time()
             reply["puts"] += res.puts
             reply["gets"] += res.gets

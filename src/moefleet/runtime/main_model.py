@@ -132,7 +132,7 @@ class MainModel:
         local: dict[int, dict[int, nn.Module]] = {}
         is_local: dict[int, torch.Tensor] = {}
         for layer in dep.moe_layers:
-            held = dep.plan.local_experts(layer)
+            held = dep.plan.main_expert_ids(layer)
             keep_E = torch.zeros(adapter.num_experts(layer), dtype=torch.bool)
             keep_E[held] = True
             is_local[layer] = keep_E

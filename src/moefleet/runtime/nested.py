@@ -31,7 +31,7 @@ import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from moefleet.platform import InvocationRecord
 from moefleet.runtime import errors as rt_errors
@@ -39,15 +39,6 @@ from moefleet.runtime.base import FunctionBackend, InvokeResult
 
 Send = Callable[[dict[str, Any], bytes], None]
 
-
-class Invoker(Protocol):
-    """What ``ctx.functions`` offers (a ``FunctionBackend`` satisfies it too)."""
-
-    def invoke(self, name: str, payload: bytes, *,
-               request_id: str | None = None) -> InvokeResult: ...
-
-    @property
-    def max_inline_bytes(self) -> int: ...
 
 # The runtime errors a nested call may raise again on the caller's side, by class name.
 _ERRORS: dict[str, type[rt_errors.FunctionError]] = {

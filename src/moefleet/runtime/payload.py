@@ -23,6 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from moefleet.io import safetensors_ready
 from moefleet.models.base import ForwardContext
 from moefleet.platform import ObjectStore
 from moefleet.platform.inline import spill_budget, spill_names
@@ -43,20 +44,6 @@ class Packet:
         return set(self.tensors) | set(self.refs)
 
 
-def _prepare(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    # safetensors refuses non-contiguous tensors and tensors sharing storage; copy only those.
-    out: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for name, t in tensors.items():
-        t = t.detach().contiguous()
-        ptr = t.untyped_storage().data_ptr() if t.numel() else -1
-        if ptr in seen:
-            t = t.clone()
-        elif ptr != -1:
-            seen.add(ptr)
-        out[name] = t
-    return out
-
 
 def pack(
     tensors: Mapping[str, torch.Tensor] | None = None,
@@ -65,7 +52,7 @@ def pack(
 ) -> bytes:
     """Encode a packet. ``meta`` must be JSON-able (raises TypeError otherwise)."""
     doc = json.dumps({"meta": dict(meta or {}), "refs": dict(refs or {})})
-    return bytes(st_save(_prepare(tensors or {}), metadata={_KEY: doc}))
+    return bytes(st_save(safetensors_ready(tensors or {}), metadata={_KEY: doc}))
 
 
 def unpack(data: bytes) -> Packet:

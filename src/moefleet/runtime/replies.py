@@ -1,6 +1,8 @@
 """What every backend builds from a call's outcome: the errors of a timed-out, crashed or
 failed call, and the invocation record of a reply (local workers' and Ray replicas'
-reply header) or of an attempt that never replied (billed, ``failed=True``)."""
+reply header) or of an attempt that never replied (billed, ``failed=True``); and, on the
+caller's side, :class:`AttributedCalls`: every record a caller's invocations produced,
+failed attempts included, with the shares of the owners it made them for."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from moefleet.platform import InvocationRecord
-from moefleet.runtime.base import FunctionSpec
+from moefleet.runtime.base import FunctionSpec, Invoker, InvokeResult
 from moefleet.runtime.errors import FunctionCrashedError, HandlerError, InvocationTimeoutError
 
 
@@ -79,3 +81,39 @@ def failed_record(spec: FunctionSpec, start_s: float, end_s: float, request_id: 
     if stack:
         stack[-1].append(record)
     return record
+
+
+Attribution = tuple[InvocationRecord, dict[str, float]]  # a record, {owner: share}
+
+
+class AttributedCalls:
+    """The invocation records one caller (remote experts, the segment runner) produced,
+    each with ``{owner: share of its tokens}``, kept until :meth:`drain`. Thread-safe.
+
+    Invariant: every attempt a call cost is kept exactly once with the call's shares: the
+    successful reply's record, and each failed attempt the backend retried (billed, as on
+    a platform) whether the call then succeeded or gave up.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: list[Attribution] = []
+
+    def invoke(self, invoker: Invoker, name: str, payload: bytes,
+               shares: dict[str, float]) -> InvokeResult:
+        """``invoker.invoke(name, payload)``, its records kept with ``shares``."""
+        with failed_attempts() as failed:
+            try:
+                res = invoker.invoke(name, payload)
+            finally:
+                with self._lock:
+                    self._records.extend((r, shares) for r in failed)
+        with self._lock:
+            self._records.append((res.record, shares))
+        return res
+
+    def drain(self) -> list[Attribution]:
+        """Records since the last drain, each with its owners' shares."""
+        with self._lock:
+            out, self._records = self._records, []
+        return out

@@ -64,8 +64,9 @@ class RetryPolicy:
     spread out instead of retrying in lockstep), but never less than the error's
     ``retry_after_s`` when it carries one (a throttling platform's Retry-After). After
     ``attempts`` failed attempts the last error is raised. Only errors whose class name
-    is in ``retry_on`` (or a subclass of one) are retried; anything else propagates at
-    once — a handler bug is not retried, it would fail the same way again.
+    is in ``retry_on`` (or a subclass of one), and neither in ``never`` nor a subclass of
+    one there, are retried; anything else propagates at once — a handler bug is not
+    retried, it would fail the same way again, nor is a missing object.
     """
 
     attempts: int = 4
@@ -74,9 +75,12 @@ class RetryPolicy:
     retry_on: tuple[str, ...] = ("FunctionCrashedError", "InvocationTimeoutError",
                                  "ThrottledError", "StoreUnavailableError",
                                  "ConnectionError", "TimeoutError")
+    never: tuple[str, ...] = ()
 
     def retryable(self, err: BaseException) -> bool:
-        return any(c.__name__ in self.retry_on for c in type(err).__mro__)
+        names = [c.__name__ for c in type(err).__mro__]
+        return (any(n in self.retry_on for n in names)
+                and not any(n in self.never for n in names))
 
     def delay_s(self, attempt: int, err: BaseException, rng: random.Random) -> float:
         backoff = rng.uniform(0.0, min(self.cap_s, self.base_s * 2**attempt))
@@ -84,13 +88,14 @@ class RetryPolicy:
 
     def to_dict(self) -> dict[str, object]:
         return {"attempts": self.attempts, "base_s": self.base_s, "cap_s": self.cap_s,
-                "jitter": "full", "retry_on": list(self.retry_on)}
+                "jitter": "full", "retry_on": list(self.retry_on), "never": list(self.never)}
 
 
 #: Explicit policies. Function backends retry a lost instance inside ``invoke``
 #: (``max_retries`` = attempts - 1 there); the harness-level policy below also retries
-#: throttling (honouring retry-after) and timeouts; stores retry 503 SlowDown and
-#: dropped connections. Object writes are idempotent (same key, same bytes).
+#: throttling (honouring retry-after) and timeouts; stores retry any storage failure but
+#: a missing object (503 SlowDown included) and dropped connections. Object writes are
+#: idempotent (same key, same bytes).
 POLICIES: dict[str, RetryPolicy] = {
     "local": RetryPolicy(attempts=4, base_s=0.02, cap_s=0.5),
     "ray": RetryPolicy(attempts=4, base_s=0.05, cap_s=1.0),
@@ -98,9 +103,11 @@ POLICIES: dict[str, RetryPolicy] = {
     # The engine retries one expert call (a pure function: idempotent), briefly: every
     # request of the step waits on it.
     "engine": RetryPolicy(attempts=4, base_s=0.01, cap_s=0.2),
+    # Every object store wrapper (``runtime.stores.RetryingStore``): any storage failure
+    # but a missing object, a dropped connection, a timeout.
     "store": RetryPolicy(attempts=5, base_s=0.01, cap_s=0.5,
-                         retry_on=("StoreUnavailableError", "ConnectionError",
-                                   "TimeoutError")),
+                         retry_on=("StorageError", "ConnectionError", "TimeoutError"),
+                         never=("ObjectNotFoundError",)),
 }
 
 _rng_lock = threading.Lock()

@@ -31,7 +31,6 @@ Shape legend: B rows, T tokens (padded), N = B*T, D hidden, K top-k, V vocabular
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -45,7 +44,7 @@ from moefleet.engine.request import EngineError
 from moefleet.engine.runner import RunnerOutput, StepExperts, StepFailedError
 from moefleet.engine.scheduler import SchedulerOutput
 from moefleet.models.step import StepInput, run_layers
-from moefleet.platform import InvocationRecord, ObjectStore, polling
+from moefleet.platform import ObjectStore, polling
 from moefleet.runtime import scatter, transfer
 from moefleet.runtime.base import FunctionBackend
 from moefleet.runtime.calls import SegmentPost, SegmentPre, Transfer
@@ -53,9 +52,8 @@ from moefleet.runtime.deploy import Deployment
 from moefleet.runtime.errors import FunctionError, GatherError
 from moefleet.runtime.messages import encode
 from moefleet.runtime.payload import Packet, pack_spilling, resolve, unpack
-from moefleet.runtime.replies import failed_attempts
+from moefleet.runtime.replies import AttributedCalls, Attribution
 
-Attribution = tuple[InvocationRecord, dict[str, float]]
 UNBOUNDED_BLOCKS = 1 << 30  # no KV cache: the scheduler's block count never binds
 
 
@@ -123,8 +121,7 @@ class SegmentRunner:
         self.run_id = uuid.uuid4().hex[:8]
         self._steps = itertools.count()
         self._side = ThreadPoolExecutor(max_parallel, thread_name_prefix="moefleet-seg")
-        self._lock = threading.Lock()
-        self._records: list[Attribution] = []
+        self._attributed = AttributedCalls()
         self.layers = {lp.layer: LayerTimes(lp.method, lp.beta) for lp in deployment.plan.layers}
         self._replicas = {lp.layer: [deployment.placement.holder(lp.layer, i).replicas
                                      for i in range(len(lp.experts))]
@@ -142,9 +139,7 @@ class SegmentRunner:
 
     # -- billing -------------------------------------------------------------------------
     def drain(self) -> list[Attribution]:
-        with self._lock:
-            out, self._records = self._records, []
-        return out
+        return self._attributed.drain()
 
     def store_requests(self) -> tuple[int, int]:
         return self._caller.requests()
@@ -195,14 +190,8 @@ class SegmentRunner:
         t0 = time.perf_counter()
         body = pack_spilling(tensors, meta, refs, max_bytes=self.backend.max_inline_bytes,
                              store=self.store, prefix=spill_prefix)
-        with failed_attempts() as failed:  # retried attempts are billed: the step's too
-            try:
-                res = self.backend.invoke(fn, body)
-            finally:
-                with self._lock:
-                    self._records.extend((r, shares) for r in failed)
-        with self._lock:
-            self._records.append((res.record, shares))
+        # retried attempts are billed: the step's too
+        res = self._attributed.invoke(self.backend, fn, body, shares)
         return unpack(res.payload), time.perf_counter() - t0
 
 

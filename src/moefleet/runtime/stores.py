@@ -4,11 +4,13 @@
 
 - :class:`CountingStore` counts one caller's requests (a function instance's invocation),
   so its PUT/GET counts go into that invocation's record (every attempt is a request);
-- :class:`RetryingStore` retries transient ``StorageError`` (never a missing key) with
-  exponential backoff, a bounded number of times, then re-raises naming the key;
+- :class:`RetryingStore` retries transient failures (never a missing key) under a
+  :class:`~moefleet.runtime.retry.RetryPolicy`, then re-raises naming the key: the one
+  retrying store, in functions, callers and the fault experiments alike;
 - :class:`LatencyStore` emulates a remote store on one machine: each request sleeps
   ``access_latency_s + bytes / bandwidth`` (the platform's storage numbers);
-- :class:`FaultyStore` injects failures (fault tests; usable by any backend).
+- :class:`FaultyStore` injects failures: the first N matching requests (tests) or a
+  seeded fraction of them (the fault experiments; ``runtime.faults.store_faults``).
 
 :func:`build_store` makes the stack from a JSON-able config, so worker processes (or remote
 functions) can rebuild the same store from its URL.
@@ -17,14 +19,17 @@ functions) can rebuild the same store from its URL.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import importlib
+import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from moefleet.errors import MoefleetError
-from moefleet.platform import ObjectNotFoundError, ObjectStore, StorageError, open_store
+from moefleet.platform import ObjectStore, StorageError, open_store
+from moefleet.runtime.retry import POLICIES, RetryPolicy, retry_call
 
 
 class _Wrapper(ObjectStore):
@@ -76,30 +81,49 @@ class CountingStore(_Wrapper):
 
 
 class RetryingStore(_Wrapper):
-    """Retries transient failures: ``attempts`` tries in all, sleeping ``backoff_s``,
-    2x, 4x ... between them. ``ObjectNotFoundError`` is final (retrying cannot help)."""
+    """Retries transient failures of ``inner`` under ``policy`` (default: the ``store``
+    entry of :data:`~moefleet.runtime.retry.POLICIES`: any ``StorageError`` but a missing
+    object, dropped connections, timeouts; full-jitter backoff). ``attempts`` and
+    ``backoff_s`` override the policy's attempts and base backoff (a function's store
+    takes them from its config). Every operation is idempotent, so retrying is safe: a
+    retried PUT writes the same bytes under the same key, never a second object.
 
-    def __init__(self, inner: ObjectStore, attempts: int = 3, backoff_s: float = 0.02) -> None:
+    A ``StorageError`` still failing after every attempt is re-raised naming the
+    operation, the key, the store and the count; ``retries`` counts failed attempts.
+    """
+
+    def __init__(self, inner: ObjectStore, attempts: int | None = None,
+                 backoff_s: float | None = None, *, policy: RetryPolicy | None = None,
+                 seed: int | None = None) -> None:
         super().__init__(inner)
-        if attempts < 1:
-            raise StorageError(f"attempts must be >= 1, got {attempts}")
-        self.attempts = attempts
-        self.backoff_s = backoff_s
+        policy = policy or POLICIES["store"]
+        if attempts is not None:
+            if attempts < 1:
+                raise StorageError(f"attempts must be >= 1, got {attempts}")
+            policy = dataclasses.replace(policy, attempts=attempts)
+        if backoff_s is not None:
+            policy = dataclasses.replace(policy, base_s=backoff_s)
+        self.policy = policy
+        self._rng = random.Random(seed) if seed is not None else None
+        self.retries = 0
 
     def _retry(self, what: str, key: str, fn: Callable[[], Any]) -> Any:
-        for attempt in range(1, self.attempts + 1):
-            try:
-                return fn()
-            except ObjectNotFoundError:
-                raise
-            except StorageError as err:
-                if attempt == self.attempts:
-                    raise StorageError(
-                        f"{what} {key!r} failed {attempt} times on {self.url}: {err.message}",
-                        err.hint or "check the object store (space, permissions, network)",
-                    ) from err
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-        raise AssertionError("unreachable")
+        failures = 0
+
+        def failed(err: BaseException, attempt: int) -> None:
+            nonlocal failures
+            failures += 1
+            self.retries += 1
+
+        try:
+            return retry_call(self.policy, fn, on_failure=failed, rng=self._rng)
+        except StorageError as err:
+            if failures < self.policy.attempts:
+                raise  # not retried (a missing object): as it is
+            raise StorageError(
+                f"{what} {key!r} failed {failures} times on {self.url}: {err.message}",
+                err.hint or "check the object store (space, permissions, network)",
+            ) from err
 
     def put(self, key: str, data: bytes) -> None:
         self._retry("PUT", key, lambda: self.inner.put(key, data))
@@ -112,9 +136,15 @@ class RetryingStore(_Wrapper):
         found: bool = self._retry("HEAD", key, lambda: self.inner.exists(key))
         return found
 
+    def delete(self, key: str) -> None:
+        self._retry("DELETE", key, lambda: self.inner.delete(key))
+
     def list(self, prefix: str = "") -> builtins.list[str]:
         keys: builtins.list[str] = self._retry("LIST", prefix, lambda: self.inner.list(prefix))
         return keys
+
+    def stats(self) -> Any:
+        return self.inner.stats()
 
 
 class LatencyStore(_Wrapper):
@@ -149,26 +179,80 @@ class LatencyStore(_Wrapper):
         return self.inner.exists(key)
 
 
+class StoreUnavailableError(StorageError):
+    """An object store refused a request for now (S3: 503 SlowDown)."""
+
+    retry_after_s = 0.0
+
+
+class Dice:
+    """A seeded, thread-safe Bernoulli source (one draw per operation)."""
+
+    def __init__(self, rate: float, seed: int) -> None:
+        self.rate, self._rng, self._lock = rate, random.Random(seed), threading.Lock()
+        self.injected = 0
+
+    def roll(self) -> bool:
+        with self._lock:
+            hit = self._rng.random() < self.rate
+            self.injected += int(hit)
+            return hit
+
+
+STORE_OPS = ("put", "get", "exists", "delete", "list")
+StoreFailure = Literal["storage", "store-503", "store-drop"]
+
+
 class FaultyStore(_Wrapper):
-    """Fails requests whose operation is in ``ops`` and whose key contains ``match``:
-    the first ``fail_first`` of them (per process), or all when ``fail_first < 0``."""
+    """Fails chosen requests before they reach ``inner`` (fault injection, any backend).
+
+    A request is eligible when its operation is in ``ops`` and its key (a LIST's prefix)
+    contains ``match``. Of the eligible ones, without ``rate``: the first ``fail_first``
+    fail (per process; all of them when ``fail_first < 0``), deterministic for tests;
+    with ``rate``: a seeded fraction ``rate`` fails (``Dice(rate, seed)``), as the fault
+    experiments inject. What is raised is ``failure``: ``"storage"`` a ``StorageError``,
+    ``"store-503"`` a :class:`StoreUnavailableError` (S3 503 SlowDown), ``"store-drop"``
+    a ``ConnectionResetError``. ``injected`` counts the failures raised.
+    """
 
     def __init__(
         self, inner: ObjectStore, ops: tuple[str, ...] = ("get",), match: str = "",
-        fail_first: int = 1,
+        fail_first: int = 1, *, rate: float | None = None, seed: int = 0,
+        failure: StoreFailure = "storage",
     ) -> None:
         super().__init__(inner)
+        unknown = set(ops) - set(STORE_OPS)
+        if unknown:
+            raise StorageError(f"unknown store operations {sorted(unknown)}",
+                               f"use some of: {', '.join(STORE_OPS)}")
         self.ops, self.match, self.fail_first = set(ops), match, fail_first
+        self.failure = failure
+        self._dice = Dice(rate, seed) if rate is not None else None
         self.failures = 0
         self._lock = threading.Lock()
+
+    @property
+    def injected(self) -> int:
+        return self.failures
 
     def _maybe_fail(self, op: str, key: str) -> None:
         if op not in self.ops or self.match not in key:
             return
-        with self._lock:
-            if 0 <= self.fail_first <= self.failures:
+        if self._dice is not None:
+            if not self._dice.roll():
                 return
-            self.failures += 1
+            with self._lock:
+                self.failures += 1
+        else:
+            with self._lock:
+                if 0 <= self.fail_first <= self.failures:
+                    return
+                self.failures += 1
+        where = f"{op.upper()} {key}"
+        if self.failure == "store-503":
+            raise StoreUnavailableError(f"{where}: 503 SlowDown (injected)")
+        if self.failure == "store-drop":
+            raise ConnectionResetError(f"{where}: connection reset (injected)")
         raise StorageError(f"injected {op.upper()} failure on {key!r}", "fault injection")
 
     def put(self, key: str, data: bytes) -> None:
@@ -178,6 +262,21 @@ class FaultyStore(_Wrapper):
     def get(self, key: str) -> bytes:
         self._maybe_fail("get", key)
         return self.inner.get(key)
+
+    def exists(self, key: str) -> bool:
+        self._maybe_fail("exists", key)
+        return self.inner.exists(key)
+
+    def delete(self, key: str) -> None:
+        self._maybe_fail("delete", key)
+        self.inner.delete(key)
+
+    def list(self, prefix: str = "") -> builtins.list[str]:
+        self._maybe_fail("list", prefix)
+        return self.inner.list(prefix)
+
+    def stats(self) -> Any:
+        return self.inner.stats()
 
 
 def faulty(inner: ObjectStore, **options: Any) -> ObjectStore:

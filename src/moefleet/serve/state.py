@@ -82,7 +82,3 @@ class ServeState:
             if not self.worker.alive:
                 raise APIError(503, str(err), code="engine_dead") from err
             raise
-
-
-def new_queue() -> asyncio.Queue[Any]:
-    return asyncio.Queue()

@@ -1,7 +1,7 @@
 """Discrete-event simulation (SimPy) of serverless MoE serving.
 
     Simulator(plan, profile, "aws-lambda", router=..., config=SimConfig(...),
-              policy=make_policy("hpa"), seed=0).run(workload, duration_s) -> SimResult
+              controller=make_policy("hpa"), seed=0).run(workload, duration_s) -> SimResult
 
 Functions have instances with a per-instance concurrency limit, a FIFO queue, cold and
 warm starts, keep-alive and scale to zero; a request runs a prefill pass and G decode
@@ -19,8 +19,7 @@ except ImportError as _err:  # pragma: no cover - depends on the environment
     raise MissingExtraError("simpy", "sim") from _err
 
 from moefleet.models.shape import ModelShape
-from moefleet.sim.calibrate import Calibration, MeasuredRun, apply_calibration, calibrate
-from moefleet.sim.config import SimConfig, SimError
+from moefleet.sim.config import Calibration, SimConfig, SimError, apply_calibration
 from moefleet.sim.metrics import StreamStats
 from moefleet.sim.result import SimResult
 from moefleet.sim.routing import DistributionRouter, Router, TraceRowRouter, router_from_trace
@@ -30,7 +29,6 @@ from moefleet.sim.synthetic import synthetic_profile
 __all__ = [
     "Calibration",
     "DistributionRouter",
-    "MeasuredRun",
     "ModelShape",
     "Router",
     "SimConfig",
@@ -40,7 +38,6 @@ __all__ = [
     "StreamStats",
     "TraceRowRouter",
     "apply_calibration",
-    "calibrate",
     "router_from_trace",
     "synthetic_profile",
 ]

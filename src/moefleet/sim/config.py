@@ -1,4 +1,6 @@
-"""Simulator settings (the model shape it runs is :class:`moefleet.models.ModelShape`).
+"""Simulator settings (the model shape it runs is :class:`moefleet.models.ModelShape`), and
+how a measured :class:`Calibration` of a backend enters them (:func:`apply_calibration`;
+the measuring is :mod:`moefleet.calibration`'s).
 
 Units: seconds, tokens, MB. Every field is validated on construction; a bad value is a
 :class:`SimError` naming it (the CLI prints it without a traceback).
@@ -8,10 +10,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from moefleet.errors import MoefleetError
+from moefleet.platform.spec_blocks import Network, Storage
+from moefleet.platform.specs import PlatformSpec
 from moefleet.profiles.gpu import GpuRoofline
 
 Scaling = Literal["on-demand", "replicas"]
@@ -150,3 +154,54 @@ class SimConfig:
             raise SimError(f"node_slots must be >= 1 (or None), got {self.node_slots!r}")
         if self.output_tokens < 0:
             raise SimError(f"output_tokens must be >= 0, got {self.output_tokens!r}")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Measured overheads of a backend; None keeps the platform spec's value."""
+
+    warm_start_s: float | None = None
+    cold_start_s: float | None = None
+    call_overhead_s: float | Mapping[str, float] = 0.0
+    compute_scale: float | Mapping[str, float] = 1.0
+    function_bandwidth_bytes_per_s: float | None = None
+    storage_access_s: float | None = None
+    storage_bandwidth_bytes_per_s: float | None = None
+
+    def __post_init__(self) -> None:
+        ov = self.call_overhead_s
+        values = [(n, getattr(self, n)) for n in ("warm_start_s", "cold_start_s",
+                                                  "storage_access_s")]
+        values += [(f"call_overhead_s[{k}]", v) for k, v in ov.items()] if isinstance(
+            ov, Mapping) else [("call_overhead_s", ov)]
+        for name, v in values:
+            if v is not None and not (math.isfinite(v) and v >= 0):
+                raise SimError(f"calibration {name} must be >= 0, got {v!r}")
+        for name in ("function_bandwidth_bytes_per_s", "storage_bandwidth_bytes_per_s"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and v > 0):
+                raise SimError(f"calibration {name} must be > 0, got {v!r}")
+
+
+def apply_calibration(spec: PlatformSpec, config: SimConfig,
+                      cal: Calibration) -> tuple[PlatformSpec, SimConfig]:
+    """The spec and config that simulate the calibrated backend (prices unchanged; the
+    calibration's call overhead replaces the config's)."""
+    update: dict[str, object] = {}
+    if cal.function_bandwidth_bytes_per_s is not None:
+        update["network"] = Network(
+            function_bandwidth_bytes_per_s=float(cal.function_bandwidth_bytes_per_s))
+    if spec.storage is not None and (cal.storage_access_s is not None
+                                     or cal.storage_bandwidth_bytes_per_s is not None):
+        store: Storage = spec.storage
+        update["storage"] = store.model_copy(update={
+            k: float(v) for k, v in (("access_latency_s", cal.storage_access_s),
+                                     ("bandwidth_bytes_per_s",
+                                      cal.storage_bandwidth_bytes_per_s)) if v is not None})
+    new_spec = spec.model_copy(update=update) if update else spec
+    new_cfg = replace(
+        config,
+        warm_start_s=cal.warm_start_s if cal.warm_start_s is not None else config.warm_start_s,
+        cold_start_s=cal.cold_start_s if cal.cold_start_s is not None else config.cold_start_s,
+        call_overhead_s=cal.call_overhead_s, compute_scale=cal.compute_scale)
+    return new_spec, new_cfg

@@ -31,7 +31,7 @@ from typing import Literal
 import simpy
 from simpy.events import NORMAL
 
-from moefleet.autoscale.base import FunctionConfig, FunctionMetrics
+from moefleet.control import FunctionConfig, FunctionMetrics
 from moefleet.plan.plan import Method
 from moefleet.platform.billing import InvocationRecord, Meter
 from moefleet.platform.specs import MB_PER_GB, PlatformSpec
@@ -75,9 +75,7 @@ class FunctionPool:
         self.pipelined = kind == "expert" and method == "pipelined"
         billing = spec.billing
         assert billing is not None
-        self.gran_ns = billing.granularity_ms * 1_000_000
-        self.min_ns = billing.min_billed_ms * 1_000_000
-        self.init_billed = billing.init_billed
+        self.billing = billing  # its ``billed_s`` is the platform meter's one rule
         self.req_fee = spec.request_cost(1)
         self.put_fee = spec.storage.price_per_put
         self.get_fee = spec.storage.price_per_get
@@ -169,11 +167,8 @@ class FunctionPool:
         return extra + call.fixed_s + self.compute_s(call.tokens, vcpus, gpu_share)
 
     def billed_s(self, handler_s: float, init_s: float) -> float:
-        """``PlatformSpec.invocation_billed_s`` without its input checks (the simulator's
-        durations are finite and >= 0 by construction); the tests pin the equality."""
-        dur = handler_s + init_s if self.init_billed else handler_s
-        dur_ns = round(dur * 1e9)
-        return max(-(-dur_ns // self.gran_ns) * self.gran_ns, self.min_ns) / 1e9
+        """Billed seconds of one call: the platform meter's rule (``Billing.billed_s``)."""
+        return self.billing.billed_s(handler_s, init_s)
 
     # ---- calls ----------------------------------------------------------------------
     def submit(self, call: Call) -> None:
@@ -268,13 +263,10 @@ class FunctionPool:
         self.total_tokens += tokens
         self.total_busy_s += busy
         self.work_s += call.handler_s
-        # Bill with the Meter's rules: billed seconds (see ``billed_s``, inlined here: this
-        # is the hottest path) x the (memory, vCPU) price per second (inst.rate =
-        # spec.compute_cost(mem, 1 s)), a request fee, storage request fees.
-        dur_ns = round((call.handler_s + call.init_s if self.init_billed else call.handler_s)
-                       * 1e9)
-        billed_ns = -(-dur_ns // self.gran_ns) * self.gran_ns
-        billed = (billed_ns if billed_ns > self.min_ns else self.min_ns) / 1e9
+        # Bill with the meter's rule (``Billing.billed_s``) x the (memory, vCPU, GPU) price
+        # per second (inst.rate = spec.compute_cost(mem, 1 s)), a request fee, storage
+        # request fees.
+        billed = self.billing.billed_s(call.handler_s, call.init_s)
         self.cost_compute += inst.rate * billed
         self.billed_s_total += billed
         self.gb_s += inst.memory_mb * billed
@@ -355,10 +347,6 @@ class FunctionPool:
             else:
                 keep.append(inst)
         self.avail = keep
-
-    def alive_at(self, now: float) -> int:
-        self._reap(now)
-        return self.n_live
 
     # ---- metrics --------------------------------------------------------------------
     def close_interval(self, t0: float, t1: float, layer_tokens: int,

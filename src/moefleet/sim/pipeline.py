@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from moefleet.autoscale.base import FunctionConfig
+from moefleet.control import FunctionConfig
 from moefleet.models.shape import ModelShape
 from moefleet.plan.plan import DeploymentPlan, LayerPlan
 from moefleet.platform.billing import Meter

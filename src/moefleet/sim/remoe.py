@@ -22,8 +22,10 @@ differs by the routing's randomness and in two places on purpose:
   starts another (cold) instance, idle instances live ``keep_alive_s``.
 
 Billing follows eqs. 6, 8, 9: the main from its first prefill to its last token at
-c_g·M_g + c_c·w, each remote call for its duration at c_c·y, optionally rounded up to
-the platform's billing granularity; cold starts are not billed (as in the paper).
+c_g·M_g + c_c·w, each remote call for its duration at c_c·y; cold starts are not billed
+(as in the paper). Durations are billed exactly (the paper), or, given the platform's
+``billing`` block, by the platform meter's one rule (``Billing.billed_s``: rounded up to
+the granularity, at least the minimum billed duration).
 
 Two options make it model this project's runtime (``moefleet.remoe``) instead of the
 paper, for checking one against the other (``benchmarks/remoe_sim_vs_runtime.py``):
@@ -54,6 +56,7 @@ import simpy
 from moefleet.plan.plan import even_chunks
 from moefleet.plan.remoe.model import Layout, main_times
 from moefleet.plan.remoe.problem import RemoeProblem
+from moefleet.platform.spec_blocks import Billing
 from moefleet.sim.config import SimError
 from moefleet.sim.routing import DistributionRouter
 
@@ -171,13 +174,11 @@ class RemoeSimulator:
     """Simulate requests on one Remoe (or baseline) layout; see the module docstring."""
 
     def __init__(self, p: RemoeProblem, lay: Layout, *, seed: int = 0,
-                 keep_alive_s: float = 600.0, billing_granularity_s: float = 0.0,
+                 keep_alive_s: float = 600.0, billing: Billing | None = None,
                  s_LE: np.ndarray | None = None, dispatch: Dispatch = "lpt",
                  billed_overhead_s: float | None = None) -> None:
         if not (math.isfinite(keep_alive_s) and keep_alive_s >= 0):
             raise SimError(f"keep_alive_s must be >= 0, got {keep_alive_s}")
-        if not (math.isfinite(billing_granularity_s) and billing_granularity_s >= 0):
-            raise SimError(f"billing_granularity_s must be >= 0, got {billing_granularity_s}")
         if dispatch not in ("lpt", "split"):
             raise SimError(f"dispatch must be 'lpt' or 'split', got {dispatch!r}")
         if billed_overhead_s is not None and not (
@@ -193,14 +194,12 @@ class RemoeSimulator:
         # requests' real distribution (SPS error is then part of the simulated cost).
         self.router = DistributionRouter(p.s_LE if s_LE is None else s_LE, p.top_k)
         self.rng = np.random.default_rng(seed)
-        self.gran = billing_granularity_s
+        self.billing = billing
         self.keep_alive_s = keep_alive_s
         self.m = main_times(p, lay)
 
     def _billed(self, s: float) -> float:
-        if self.gran <= 0:
-            return s
-        return math.ceil(s / self.gran - 1e-9) * self.gran
+        return s if self.billing is None else self.billing.billed_s(s)
 
     def _call_tokens(self, li: int, counts_E: np.ndarray) -> list[tuple[int, int]]:
         """(replica or group index, token-slots) of every remote call a layer makes."""

@@ -154,7 +154,7 @@ def build_result(sim: Simulator, *, duration_s: float, events: int, wall_s: floa
     cfg = sim.config
     return SimResult(
         model=sim.shape.name, platform=spec.name,
-        policy=sim.policy.name if sim.policy is not None else "static",
+        policy=sim.controller.name if sim.controller is not None else "static",
         seed=sim.seed, duration_s=duration_s, makespan_s=makespan,
         requests={"arrived": st.arrived, "completed": st.completed,
                   "slo_violations": st.slo_violations, "prompt_tokens": st.prompt_tokens,

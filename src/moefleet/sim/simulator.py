@@ -3,7 +3,7 @@
     arrivals -> request process: prefill pass (P tokens) -> G decode steps (1 token
     each; batched across requests or per request) -> latency, TTFT, TPOT, SLO
     control process, every ``interval_s``: close the interval's metrics -> timeline row
-    -> policy(snapshot, state) -> decisions applied ``apply_delay_s`` later
+    -> controller.decide(snapshot, state) -> decisions applied ``apply_delay_s`` later
 
 Deterministic: the same inputs and seed give the same result (SimPy orders ties by
 insertion; every random draw comes from one numpy Generator). Units: seconds, USD.
@@ -21,12 +21,12 @@ import simpy
 from simpy.core import EmptySchedule
 from simpy.events import Timeout
 
-from moefleet.autoscale.base import (
-    AutoscalePolicy,
+from moefleet.control import (
     FunctionConfig,
     FunctionMetrics,
     MetricsSnapshot,
     PolicyState,
+    ScalingController,
 )
 from moefleet.engine.scheduler import SchedulerOutput
 from moefleet.errors import DataError, MoefleetError
@@ -51,19 +51,21 @@ class Simulator:
     """Simulate ``plan`` of a model (``profile``) on ``platform``.
 
     ``router`` defaults to uniform routing with ``top_k``; ``decoder`` (default True)
-    makes requests generate output tokens. ``policy`` (None = the static plan) is called
-    every ``config.interval_s``.
+    makes requests generate output tokens. ``controller`` (a
+    :class:`~moefleet.control.ScalingController`, the same objects the runtime control
+    loop drives; None = the static plan) decides every ``config.interval_s``.
     """
 
     def __init__(self, plan: DeploymentPlan, profile: ComputeProfile,
                  platform: PlatformSpec | str, *, router: Router | None = None,
-                 config: SimConfig | None = None, policy: AutoscalePolicy | None = None,
+                 config: SimConfig | None = None,
+                 controller: ScalingController | None = None,
                  seed: int = 0, top_k: int = 2, decoder: bool = True,
                  initial: Mapping[str, FunctionConfig] | None = None) -> None:
         self.spec = load_platform(platform) if isinstance(platform, str) else platform
         self.initial = dict(initial or {})  # configs deployed from t = 0 (not the plan's)
         self.config = config or SimConfig()
-        self.policy = policy
+        self.controller = controller
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise SimError(f"seed must be a non-negative integer, got {seed!r}")
         self.seed = seed
@@ -115,8 +117,8 @@ class Simulator:
         self.request_log: list[dict[str, Any]] = []
         self.reconfigurations = 0
         self._replicas: list[SimEngine] = []
-        self._policy_state: PolicyState = (self.policy.initial_state()
-                                           if self.policy is not None else None)
+        self._control_state: PolicyState = (self.controller.initial_state()
+                                            if self.controller is not None else None)
         env.process(self._arrivals(arrivals))
         env.process(self._control(duration_s, progress))
         events = _drain(env)
@@ -200,7 +202,7 @@ class Simulator:
     def _pass(self, out: SchedulerOutput) -> Generator[simpy.Event, Any, None]:
         yield from self.pipe.run_pass(out.num_tokens, None)
 
-    # ---- control: metrics, timeline, policy ------------------------------------------
+    # ---- control: metrics, timeline, controller --------------------------------------
     def _control(self, horizon: float,
                  progress: ProgressFn | None) -> Generator[simpy.Event, Any, None]:
         env, step = self.env, self.config.interval_s
@@ -212,8 +214,9 @@ class Simulator:
             if progress is not None:
                 progress(min(env.now, horizon), horizon)
             done = self.pending_arrivals == 0 and self.in_flight == 0
-            if self.policy is not None and not done:
-                decisions, self._policy_state = self.policy(snap, self._policy_state)
+            if self.controller is not None and not done:
+                decisions, self._control_state = self.controller.decide(snap,
+                                                                        self._control_state)
                 for name, cfg in sorted(decisions.items()):
                     self._schedule(name, cfg)
             if done:
@@ -222,7 +225,7 @@ class Simulator:
     def _schedule(self, name: str, cfg: FunctionConfig) -> None:
         pool = self.pipe.pools.get(name)
         if pool is None:
-            raise SimError(f"policy decided for unknown function {name!r}")
+            raise SimError(f"controller decided for unknown function {name!r}")
         self._check_config(name, cfg)
         self.reconfigurations += 1
 
@@ -237,14 +240,14 @@ class Simulator:
             self.spec.check_memory(cfg.memory_mb)
             self.spec.check_gpu_share(cfg.gpu_share)
         except MoefleetError as err:
-            raise SimError(f"policy decision for {name}: {err.message}", err.hint) from err
+            raise SimError(f"controller decision for {name}: {err.message}", err.hint) from err
         limits = self.spec.limits
         assert limits is not None
         if cfg.concurrency > limits.max_concurrency_per_instance:
-            raise SimError(f"policy decision for {name}: concurrency {cfg.concurrency} exceeds "
+            raise SimError(f"controller decision for {name}: concurrency {cfg.concurrency} exceeds "
                            f"the platform's {limits.max_concurrency_per_instance}")
         if cfg.replicas > limits.max_replicas:
-            raise SimError(f"policy decision for {name}: {cfg.replicas} replicas exceed the "
+            raise SimError(f"controller decision for {name}: {cfg.replicas} replicas exceed the "
                            f"platform's {limits.max_replicas}")
 
     def _snapshot(self, t0: float, t1: float) -> MetricsSnapshot:
@@ -296,11 +299,22 @@ def _drain(env: simpy.Environment) -> int:
         return n
 
 
+def check_not_remoe(plan: DeploymentPlan) -> None:
+    """This simulator bills segment and expert functions; a Remoe plan has neither (one
+    main function + expert groups), so it would report $0 and 0 s: refused."""
+    if plan.main is not None:
+        raise SimError("this is a Remoe plan (a main function + expert groups); the "
+                       "serverless simulator models segment + expert-function plans only",
+                       "its predicted cost and latency are in the plan (moefleet plan show); "
+                       "benchmarks/remoe_cost.py runs the Remoe simulator")
+
+
 def _check_inputs(plan: DeploymentPlan, profile: ComputeProfile, spec: PlatformSpec,
                   shape: ModelShape, cfg: SimConfig) -> None:
     if not spec.is_faas:
         raise SimError(f"platform {spec.name!r} is a {spec.kind}, not serverless",
                        "simulate a FaaS platform (moefleet platforms list)")
+    check_not_remoe(plan)
     if plan.platform != spec.name:
         raise PlanError(f"plan was made for platform {plan.platform!r}, not {spec.name!r}",
                         f"simulate on --platform {plan.platform} or re-plan")

@@ -86,7 +86,23 @@ def parse_synthetic(spec: str) -> SyntheticModel:
             model.top_k > model.experts or model.gflops_per_vcpu <= 0 or model.overhead_ms < 0):
         raise MoefleetError(f"synthetic model {spec!r} has an impossible size",
                             "blocks, experts, hidden >= 1; 1 <= top_k <= experts")
+    for key, top in SYNTHETIC_BOUNDS.items():
+        if getattr(model, key) > top:
+            raise MoefleetError(f"synthetic model: {key}={getattr(model, key)} is above "
+                                f"{top}", f"use {key} <= {top} (real MoE models are smaller)")
+    if model.blocks * model.experts > MAX_SYNTHETIC_FUNCTIONS:
+        # One simulated function (and its pool) per expert: the event loop's memory and
+        # time grow with this product.
+        raise MoefleetError(f"synthetic model: {model.blocks} blocks x {model.experts} "
+                            f"experts is more than {MAX_SYNTHETIC_FUNCTIONS} expert functions",
+                            "use fewer blocks or experts")
     return model
+
+
+#: Largest value of each synthetic size (DeepSeek-V3: 61 blocks, 256 experts, 7168 hidden).
+SYNTHETIC_BOUNDS = {"blocks": 1024, "experts": 4096, "top_k": 4096, "hidden": 65_536,
+                    "ffn": 1 << 20}
+MAX_SYNTHETIC_FUNCTIONS = 65_536
 
 
 def synthetic_profile(**kw: int | float | bool) -> ComputeProfile:

@@ -2,7 +2,7 @@
 
     dag = PipelineDAG.from_plan(plan, profile)       # nodes, edges, topological batches
     agent = SmoeAgent(dag, ConfigSpace(), ActorSpec())
-    ctl = SmoeController(agent, slo_s, price_per_s)  # the AutoscalePolicy interface
+    ctl = SmoeController(agent, slo_s, price_per_s)  # the ScalingController interface
 
 ``graph``: the DAG and state features; ``space``: configurations and the memory filter;
 ``nets``: the networks; ``agent``: DDPG and the controller; ``harness``: the simulator

@@ -48,17 +48,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from moefleet.autoscale.base import (
-    AutoscaleError,
-    AutoscalePolicy,
-    Decisions,
-    MetricsSnapshot,
-    PolicyState,
-)
+from moefleet.autoscale.errors import AutoscaleError
 from moefleet.autoscale.smoe.graph import PipelineDAG, node_features, num_features
 from moefleet.autoscale.smoe.imitation import teacher_loss
 from moefleet.autoscale.smoe.nets import ActorSpec, SmoeActor, SmoeCritic, soft_action
 from moefleet.autoscale.smoe.space import ConfigSpace
+from moefleet.control import Decisions, MetricsSnapshot, PolicyState, ScalingController
 
 
 @dataclass(frozen=True)
@@ -304,7 +299,7 @@ class StepLog:
     decide_s: list[float] = field(default_factory=list)
 
 
-class SmoeController(AutoscalePolicy):
+class SmoeController(ScalingController):
     """The sMoE controller: ``decide(snapshot, state)`` builds features, masks invalid
     configs, takes the arg-max config of every function and returns those that change.
     With ``learn=True`` it also turns each snapshot into the reward of the previous
@@ -317,8 +312,8 @@ class SmoeController(AutoscalePolicy):
 
     def __init__(self, agent: SmoeAgent, slo_s: float,
                  price_per_s: Callable[[int, float], float],
-                 *, learn: bool = False, behaviour: AutoscalePolicy | None = None,
-                 teacher: AutoscalePolicy | None = None) -> None:
+                 *, learn: bool = False, behaviour: ScalingController | None = None,
+                 teacher: ScalingController | None = None) -> None:
         if not (math.isfinite(slo_s) and slo_s > 0):
             raise AutoscaleError(f"SLO must be > 0 s, got {slo_s!r}")
         self.agent, self.slo_s, self.price_per_s, self.learn = agent, slo_s, price_per_s, learn
@@ -339,6 +334,8 @@ class SmoeController(AutoscalePolicy):
                                                                              PolicyState]:
         import time
 
+        if not snapshot.functions:  # nothing deployed or observed yet: nothing to decide
+            return {}, state
         t0 = time.perf_counter()
         ag = self.agent
         x_NF, peak_N = node_features(ag.dag, snapshot, self.slo_s, self.options)

@@ -40,13 +40,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from moefleet.autoscale.base import AutoscaleError
+from moefleet.autoscale.errors import AutoscaleError
 from moefleet.autoscale.smoe.agent import DDPGConfig, SmoeAgent
 from moefleet.autoscale.smoe.harness import DEFAULT_MODEL
 from moefleet.autoscale.smoe.nets import ActorSpec
 from moefleet.autoscale.smoe.space import ConfigSpace
 from moefleet.errors import MoefleetError, validation_message
-from moefleet.io import atomic_path
+from moefleet.io import atomic_path, safetensors_ready
 
 FORMAT = 2
 REPLAY_SAVED = 1000  # newest transitions kept (the rest would make files hundreds of MB)
@@ -213,19 +213,11 @@ def agent_state(agent: SmoeAgent, setup: TrainSetup, episodes: int,
 def encode(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], str]:
     """(tensors by name, metadata JSON) of :func:`agent_state`'s dict."""
     tensors: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
 
     def put(name: str, t: Any) -> None:
         if not isinstance(t, torch.Tensor):
             raise AutoscaleError(f"checkpoint field {name} is a {type(t).__name__}, "
                                  "not a tensor", RETRAIN)
-        t = t.detach().contiguous()
-        # safetensors refuses tensors sharing memory (a transition's x2 is the next x).
-        ptr = t.untyped_storage().data_ptr() if t.numel() else -1
-        if ptr in seen:
-            t = t.clone()
-        elif ptr != -1:
-            seen.add(ptr)
         tensors[name] = t
 
     nets = [*NETS, *(["actor_best"] if state.get("actor_best") is not None else [])]
@@ -254,7 +246,8 @@ def encode(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], str]:
                                  "best", "warm")}
     doc.update(opts, format=FORMAT, replay=flags, actor_best="actor_best" in nets)
     # NaN stays NaN (a measurement can be one); pydantic's JSON parser reads it back.
-    return tensors, json.dumps(doc, sort_keys=True)
+    # a transition's x2 is the next one's x: one storage, which safetensors refuses
+    return safetensors_ready(tensors), json.dumps(doc, sort_keys=True)
 
 
 def write_state(path: str | Path, state: dict[str, Any]) -> Path:

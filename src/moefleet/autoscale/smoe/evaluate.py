@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from moefleet.autoscale.base import AutoscaleError, AutoscalePolicy, BoundedPolicy, ScalingBounds
 from moefleet.autoscale.baselines import ElasticMoEPolicy, HPAPolicy
+from moefleet.autoscale.errors import AutoscaleError
 from moefleet.autoscale.faasconf import FaaSConfLikePolicy, default_ladder
 from moefleet.autoscale.smoe.harness import (
     Scenario,
@@ -36,6 +36,7 @@ from moefleet.autoscale.smoe.popularity import (
 )
 from moefleet.autoscale.smoe.space import ConfigSpace
 from moefleet.autoscale.smoe.train import TrainSetup, controller_from_checkpoint
+from moefleet.control import Bounded, ScalingBounds, ScalingController
 from moefleet.errors import UnknownNameError
 
 BASELINES = ("static", "static-pop", "hpa", "elasticmoe", "faasconf")
@@ -43,7 +44,7 @@ HPA_RPS_PER_REPLICA = 10.0  # ASSUMPTION: OpenFaaS-style rps target per replica
 
 
 def baseline(name: str, sc: Scenario, space: ConfigSpace, setup: TrainSetup | None = None,
-             data_path: str | None = None) -> AutoscalePolicy | None:
+             data_path: str | None = None) -> ScalingController | None:
     """A baseline controller (None = the static plan), wrapped in the shared bounds and
     delays where it scales. ``static-pop`` needs the ``setup`` (its training windows)."""
     bounds = ScalingBounds(1, space.replicas[-1], 1, space.concurrency[-1])
@@ -56,10 +57,10 @@ def baseline(name: str, sc: Scenario, space: ConfigSpace, setup: TrainSetup | No
         plan = static_pop(sc, setup, space, data_path)["plan"]
         return None if plan is None else PlanPolicy("static-pop", plan)
     if name == "hpa":
-        return BoundedPolicy(HPAPolicy(HPA_RPS_PER_REPLICA, "rps"), bounds,
+        return Bounded(HPAPolicy(HPA_RPS_PER_REPLICA, "rps"), bounds,
                              downscale_delay_s=3 * sc.interval_s, tolerance=0.1)
     if name == "elasticmoe":
-        return BoundedPolicy(ElasticMoEPolicy(), bounds, downscale_delay_s=3 * sc.interval_s,
+        return Bounded(ElasticMoEPolicy(), bounds, downscale_delay_s=3 * sc.interval_s,
                              tolerance=0.1)
     if name == "faasconf":
         hops = 2 * len(sc.profile.segments) + len(sc.plan.layers)
@@ -104,7 +105,7 @@ def eval_windows(setup: TrainSetup, pattern: str, count: int,
     return held
 
 
-def evaluate(controllers: dict[str, Callable[[], AutoscalePolicy | None]], sc: Scenario,
+def evaluate(controllers: dict[str, Callable[[], ScalingController | None]], sc: Scenario,
              setup: TrainSetup, patterns: list[str], windows: int, seed: int = 0,
              data_path: str | None = None,
              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -150,11 +151,11 @@ def evaluate(controllers: dict[str, Callable[[], AutoscalePolicy | None]], sc: S
 
 
 def smoe_factory(path: str | Path) -> tuple[Scenario, TrainSetup,
-                                            Callable[[], AutoscalePolicy], ConfigSpace]:
+                                            Callable[[], ScalingController], ConfigSpace]:
     """A checkpoint's scenario, setup, controller factory (acting only) and space."""
     sc, ctl, setup = controller_from_checkpoint(path)
 
-    def make() -> AutoscalePolicy:
+    def make() -> ScalingController:
         ctl.log.decide_s.clear()
         return ctl
 

@@ -17,14 +17,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from moefleet.autoscale.base import AutoscaleError, AutoscalePolicy
+from moefleet.autoscale.errors import AutoscaleError
 from moefleet.autoscale.smoe.evaluate import BASELINES, baseline, evaluate, smoe_factory
 from moefleet.autoscale.smoe.harness import Scenario
 from moefleet.autoscale.smoe.space import ConfigSpace
 from moefleet.autoscale.smoe.train import TrainSetup
+from moefleet.control import ScalingController
 
 ExtraFn = Callable[[Scenario, TrainSetup, ConfigSpace],
-                   dict[str, Callable[[], AutoscalePolicy | None]]]
+                   dict[str, Callable[[], ScalingController | None]]]
 SLO_SLACK = 1.02  # the bar's P95 slack
 COST_BAR = 0.75  # the bar's cost ratio against the best baseline
 MAX_PROMPT_TOKENS = 4096  # bounds the simulated pass (a user number)

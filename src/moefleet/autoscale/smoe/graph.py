@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from moefleet.autoscale.base import AutoscaleError, FunctionMetrics, MetricsSnapshot
+from moefleet.autoscale.errors import AutoscaleError
+from moefleet.control import FunctionMetrics, MetricsSnapshot
 from moefleet.plan.plan import DeploymentPlan
 from moefleet.profiles.model import ComputeProfile
 

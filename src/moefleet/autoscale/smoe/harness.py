@@ -29,13 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from moefleet.autoscale.base import (
-    AutoscaleError,
-    AutoscalePolicy,
+from moefleet.autoscale.errors import AutoscaleError
+from moefleet.control import (
     Decisions,
     FunctionConfig,
     MetricsSnapshot,
     PolicyState,
+    ScalingController,
 )
 from moefleet.plan.plan import DeploymentPlan
 from moefleet.platform.catalog import load_platform
@@ -171,11 +171,11 @@ class IntervalLog:
     pod_s: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-class Recorder(AutoscalePolicy):
+class Recorder(ScalingController):
     """Wraps a controller: logs the interval's provisioned cost and P95, times the
     decision, and (``initial``) applies the static plan's segment pods once first."""
 
-    def __init__(self, inner: AutoscalePolicy | None,
+    def __init__(self, inner: ScalingController | None,
                  price_per_s: Callable[[int, float], float],
                  initial: Decisions | None = None) -> None:
         self.inner = inner
@@ -204,13 +204,14 @@ class Recorder(AutoscalePolicy):
         out: Decisions = {}
         if not started and self.initial:
             out.update({k: v for k, v in self.initial.items()
-                        if snapshot.functions[k].config != v})
+                        if k in snapshot.functions and snapshot.functions[k].config != v})
         if self.inner is not None:
             t0 = time.perf_counter()
             dec, inner_state = self.inner.decide(snapshot, inner_state)
             log.decide_s.append(time.perf_counter() - t0)
             out.update(dec)
-        return out, (True, inner_state)
+        # An empty snapshot (no functions yet) has nothing to start: try again next time.
+        return out, (started or bool(snapshot.functions), inner_state)
 
 
 def segment_start(sc: Scenario) -> Decisions:
@@ -220,7 +221,7 @@ def segment_start(sc: Scenario) -> Decisions:
             for f in sc.plan.placement().segments}
 
 
-def deployed_at_start(sc: Scenario, controller: AutoscalePolicy | None) -> Decisions:
+def deployed_at_start(sc: Scenario, controller: ScalingController | None) -> Decisions:
     """A fixed plan (``controller.deployed_configs()``, e.g. static-pop) is *deployed*,
     not reconfigured: the configs whose memory or GPU share differ from the starting
     plan's run from t = 0 (a change of either would restart those functions cold at the
@@ -232,7 +233,7 @@ def deployed_at_start(sc: Scenario, controller: AutoscalePolicy | None) -> Decis
             if n in start and (c.memory_mb != start[n] or c.gpu_share > 0)}
 
 
-def run_episode(sc: Scenario, controller: AutoscalePolicy | None, arrivals: list[Arrival],
+def run_episode(sc: Scenario, controller: ScalingController | None, arrivals: list[Arrival],
                 duration_s: float, seed: int = 0) -> dict[str, Any]:
     """Simulate one window under ``controller`` (None = the static plan); returns cost,
     P95 over the whole window, per-interval P95s and decision latencies."""
@@ -244,7 +245,7 @@ def run_episode(sc: Scenario, controller: AutoscalePolicy | None, arrivals: list
     cfg = SimConfig(scaling="replicas", keep_alive_s=1e9, prompt_tokens=sc.prompt_tokens,
                     slo_s=sc.slo_s, interval_s=sc.interval_s, apply_delay_s=1.0,
                     prewarm=True)
-    sim = Simulator(sc.plan, sc.profile, sc.spec, router=sc.routing(), config=cfg, policy=rec,
+    sim = Simulator(sc.plan, sc.profile, sc.spec, router=sc.routing(), config=cfg, controller=rec,
                     seed=seed, decoder=False, initial=initial)
     res = sim.run(arrivals, duration_s)
     log = rec.log

@@ -37,15 +37,15 @@ from typing import Any
 
 import numpy as np
 
-from moefleet.autoscale.base import (
-    AutoscaleError,
-    AutoscalePolicy,
+from moefleet.autoscale.errors import AutoscaleError
+from moefleet.autoscale.smoe.harness import Scenario, run_episode
+from moefleet.control import (
     Decisions,
     FunctionConfig,
     MetricsSnapshot,
     PolicyState,
+    ScalingController,
 )
-from moefleet.autoscale.smoe.harness import Scenario, run_episode
 from moefleet.sim.routing import DistributionRouter, TraceRowRouter
 
 TRAIN_FRACTION = 0.5  # share of the trace's requests the prediction may read
@@ -141,7 +141,7 @@ def pop_plan(sc: Scenario, rule: PopRule, shares: Mapping[str, float]) -> Decisi
     return out
 
 
-class PlanPolicy(AutoscalePolicy):
+class PlanPolicy(ScalingController):
     """Deploys fixed per-function configs at the first decision and never changes them
     again (a static plan other than the starting one)."""
 
@@ -162,7 +162,7 @@ class PlanPolicy(AutoscalePolicy):
         return dict(self.configs)
 
 
-class PopularityDemonstrator(AutoscalePolicy):
+class PopularityDemonstrator(ScalingController):
     """The rule on observed shares, averaged over intervals (module doc). State: a
     tuple of (function, averaged share) pairs (immutable)."""
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from moefleet.autoscale.base import AutoscaleError
+from moefleet.autoscale.errors import AutoscaleError
 from moefleet.autoscale.smoe.agent import SmoeAgent, Transition
 from moefleet.autoscale.smoe.checkpoint import (
     NETS,

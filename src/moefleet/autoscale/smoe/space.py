@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from moefleet.autoscale.base import AutoscaleError, FunctionConfig
+from moefleet.autoscale.errors import AutoscaleError
+from moefleet.control import FunctionConfig
 from moefleet.profiles.gpu import GPU_RUNTIME_MB
 
 MB = 1024 * 1024

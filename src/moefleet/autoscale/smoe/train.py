@@ -40,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from moefleet.autoscale.base import AutoscaleError, AutoscalePolicy, FunctionConfig
+from moefleet.autoscale.errors import AutoscaleError
 from moefleet.autoscale.smoe.agent import (
     DDPGConfig,
     SmoeAgent,
@@ -72,6 +72,7 @@ from moefleet.autoscale.smoe.popularity import (
 )
 from moefleet.autoscale.smoe.restore import restore
 from moefleet.autoscale.smoe.space import ConfigSpace
+from moefleet.control import FunctionConfig, ScalingController
 
 TRAIN_PATTERNS = ("bursty", "normal", "slow")
 SCENARIOS = ("uniform", "skewed")
@@ -197,6 +198,7 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
         ddpg = ddpg or DDPGConfig(bc_floor=TEACHER_IMITATION_FLOOR if teacher else 0.0)
         sc, agent = new_agent(setup, space or ConfigSpace(), spec, ddpg, seed)
         done, history = 0, []
+    done_before = done
     windows: dict[str, list[Any]] = {}  # found lazily: a short run needs few patterns
     t0 = time.perf_counter()
     # Checkpoints from before CPU accounting have no cpu_s: count from 0 then.
@@ -270,20 +272,27 @@ def train(out: str | Path, *, episodes: int, setup: TrainSetup | None = None,
         save_checkpoint(out, agent, setup, done, history)
         if progress is not None:
             progress(done, episodes, row)
+    if done == done_before and done < episodes:
+        # The budget ran out before one episode finished: no checkpoint was written, so
+        # reporting success would point the user at a file that is not there (or is old).
+        raise AutoscaleError(
+            f"the time budget of {time_budget_s:g} s ran out before the first episode "
+            f"finished (setup took {time.perf_counter() - t0:.0f} s); nothing was saved",
+            "raise --time-budget, or drop it")
     return {"episodes": done, "history": history, "wall_s": time.perf_counter() - t0,
             "checkpoint": str(out)}
 
 
 def demonstrators(sc: Scenario, space: ConfigSpace,
-                  rule: PopRule | None = None) -> list[AutoscalePolicy]:
+                  rule: PopRule | None = None) -> list[ScalingController]:
     """The controllers whose logged experience warm-starts training, in turn: the
     popularity-aware rule (when given), the static plan, HPA (requests per second) and
     ElasticMoE, with the evaluation's bounds and delays (the paper trains offline from
     a function logger's history)."""
-    from moefleet.autoscale.base import StaticPolicy
     from moefleet.autoscale.smoe.evaluate import baseline
+    from moefleet.control import StaticPolicy
 
-    out: list[AutoscalePolicy] = [] if rule is None else [PopularityDemonstrator(rule)]
+    out: list[ScalingController] = [] if rule is None else [PopularityDemonstrator(rule)]
     out.append(StaticPolicy())
     for name in ("hpa", "elasticmoe"):
         b = baseline(name, sc, space)

@@ -51,7 +51,8 @@ def neuron_parts(w13_2FD: torch.Tensor, w2_DF: torch.Tensor, parts: int, seed: i
 
 
 @torch.no_grad()
-def split_experts(model: TinyMoELM, parts: int, router_mix: float, seed: int) -> TinyMoELM:
+def split_into_finer_experts(model: TinyMoELM, parts: int, router_mix: float,
+                             seed: int) -> TinyMoELM:
     """A new ``TinyMoELM`` with every expert split in ``parts`` (see module docstring).
 
     Sub-expert ``e * parts + c`` holds cluster ``c`` of parent ``e``'s neurons, so the

@@ -98,7 +98,7 @@ def upcycle(
     from moefleet.models.tinylm import corpus
     from moefleet.models.tinylm.convert import from_hf, to_hf
     from moefleet.models.tinylm.evaluate import evaluate, hf_max_abs_diff, windows
-    from moefleet.models.tinylm.finegrain import split_experts
+    from moefleet.models.tinylm.finegrain import split_into_finer_experts
     from moefleet.models.tinylm.train import train
 
     parts, mix, seed, spec = _parse(raw)
@@ -117,7 +117,7 @@ def upcycle(
             raise DataError(f"the training text is only {train_L.numel()} tokens long",
                             f"give more than train.seq_len={spec.seq_len} tokens")
         base = from_hf(MixtralForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32))
-        split = split_experts(base, parts, mix, seed)
+        split = split_into_finer_experts(base, parts, mix, seed)
         init_state = {k: v.clone() for k, v in split.state_dict().items()}
         result = train(split.cfg, spec, train_L, seed, ckpt, init_state=init_state,
                        step_done=lambda s, n, loss: report(s, f"training, loss {loss:.3f}"),

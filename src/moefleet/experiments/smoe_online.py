@@ -13,8 +13,10 @@ Invariants:
 - The simulator gets only what the run knew before the replay: the model's measured
   compute profile, the recorded routing of the very requests (exact replay per request
   id), the worker pool as ``node_slots``, and overheads calibrated on the warm-up
-  requests (never on the replay). Warm-up runs first in both; the controller sees
-  snapshots only from the replay's start (a control-interval boundary in both).
+  requests (never on the replay; :mod:`moefleet.calibration.smoe_online`, which also
+  holds :class:`OnlineSetup` and the simulated run). Warm-up runs first in both; the
+  controller sees snapshots only from the replay's start (a control-interval boundary in
+  both).
 - Decisions the platform cannot apply are clamped, never applied raw: memory below what
   a local instance starts in (its measured runtime footprint + parameters) is raised by
   :class:`MemoryFloor` (in both runs alike), limits by ``reconfigure``; both are counted.
@@ -30,56 +32,29 @@ import math
 import os
 import queue
 import random
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from moefleet.autoscale.base import AutoscaleError, Controller, FunctionConfig
+from moefleet.autoscale.errors import AutoscaleError
 from moefleet.autoscale.smoe.harness import Recorder, Scenario, segment_start
-from moefleet.plan.plan import DeploymentPlan
-from moefleet.runtime.control import (
+from moefleet.calibration.smoe_online import OnlineSetup, simulate_online, warm_arrivals
+from moefleet.control import (
     APPLY_DELAY_S,
-    ControlConfig,
-    ControlLoop,
     Deferred,
+    FunctionConfig,
     MemoryFloor,
     Replayed,
+    ScalingController,
 )
+from moefleet.plan.plan import DeploymentPlan
+from moefleet.runtime.control import ControlConfig, ControlLoop
 from moefleet.workloads.base import Arrival
 
 EMULATED = ("emulated: local worker processes stand in for OpenFaaS pods (CPU below one "
             "vCPU stretched to its share, one invocation per worker at a time)")
-
-
-@dataclass(frozen=True)
-class OnlineSetup:
-    """How the window is replayed: time compressed by ``compress`` (window seconds per
-    run second), arrivals kept with probability ``keep`` (seeded); ``warmup`` serial
-    requests first; ``workers`` local worker processes."""
-
-    compress: float = 4.0
-    keep: float = 1 / 12
-    warmup: int = 8
-    workers: int = 2
-    prompt_tokens: int = 64
-    seed: int = 0
-    poll_s: float = 0.05
-    warmup_gap_s: float = 2.0  # simulated spacing of the serial warm-up requests
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.compress) and 1 <= self.compress <= 100):
-            raise AutoscaleError(f"compress must be in [1, 100], got {self.compress!r}",
-                                 "e.g. 4 plays a 10-minute window in 150 s")
-        if not 0 < self.keep <= 1:
-            raise AutoscaleError(f"keep must be in (0, 1], got {self.keep!r}",
-                                 "e.g. 0.1 keeps one arrival in ten")
-        if not (2 <= self.warmup <= 100 and 1 <= self.workers <= 64
-                and 1 <= self.prompt_tokens <= 4096):
-            raise AutoscaleError(f"warmup {self.warmup} (2..100), workers {self.workers} "
-                                 f"(1..64) or prompt_tokens {self.prompt_tokens} out of range")
 
 
 def replay(arrivals: Sequence[Arrival], duration_s: float,
@@ -154,7 +129,7 @@ def _worker_cpu_s(pids: Sequence[int]) -> float:
 
 
 def run_measured(sc: Scenario, plans: tuple[DeploymentPlan, DeploymentPlan], adapter: Any,
-                 controller: Controller | None, floor: dict[str, int],
+                 controller: ScalingController | None, floor: dict[str, int],
                  arrivals: Sequence[Arrival], duration_s: float,
                  batches: dict[str, tuple[Any, Any]], warmup_ids: Sequence[str],
                  store_dir: str, setup: OnlineSetup, *,
@@ -252,110 +227,21 @@ def run_measured(sc: Scenario, plans: tuple[DeploymentPlan, DeploymentPlan], ada
     return log, warm
 
 
-def _sim(sc: Scenario, plan: DeploymentPlan, profile: Any, trace: Any, vocab: int,
-         policy: Controller | None, arrivals: list[Arrival], duration_s: float,
-         setup: OnlineSetup, cal: Any = None, caller_s: float = 0.0) -> tuple[Any, list[Any]]:
-    """(the simulated result, its invocation records)."""
-    from moefleet.sim import Calibration, SimConfig, Simulator, apply_calibration
-    from moefleet.sim.routing import TraceRowRouter
-
-    # Local pipes and a local-directory store are fast: their cost is in the overheads.
-    local = Calibration(function_bandwidth_bytes_per_s=1e12, storage_access_s=0.0,
-                        storage_bandwidth_bytes_per_s=1e12)
-    spec, cfg = apply_calibration(sc.spec, SimConfig(
-        scaling="replicas", keep_alive_s=1e9, prompt_tokens=setup.prompt_tokens,
-        slo_s=sc.slo_s, interval_s=sc.interval_s, apply_delay_s=APPLY_DELAY_S,
-        node_slots=setup.workers, keep_records=True, keep_requests=True,
-        result_bytes_per_token=4 * vocab, caller_overhead_s=caller_s),
-        local)  # the last segment returns fp32 logits
-    if cal is not None:
-        spec, cfg = apply_calibration(spec, cfg, cal)
-    sim = Simulator(plan, profile, spec, router=TraceRowRouter(trace), config=cfg,
-                    policy=policy, seed=setup.seed, decoder=False)
-    res = sim.run(arrivals, duration_s)
-    return res, list(sim.meter.records) if sim.meter is not None else []
-
-
-def _warm_arrivals(warmup_ids: Sequence[str], setup: OnlineSetup,
-                   tokens: dict[str, int]) -> list[Arrival]:
-    return [Arrival(i * setup.warmup_gap_s, rid, tokens.get(rid, setup.prompt_tokens))
-            for i, rid in enumerate(warmup_ids)]
-
-
 def token_counts(batches: dict[str, tuple[Any, Any]]) -> dict[str, int]:
     """Real (unpadded) tokens per request: the simulator replays a request's recorded
     routing exactly only when its pass has the recorded token count."""
     return {rid: int(mask.sum()) for rid, (_, mask) in batches.items()}
 
 
-def with_call_overhead(profile: Any, overhead_1cpu_s: dict[str, float]) -> Any:
-    """``profile`` with each kind's per-call overhead (seconds at one vCPU) added to its
-    batch law's fixed term, so it scales with the CPU share as the compute does (the
-    local backend stretches a call's whole CPU time, (de)serialisation included)."""
-    from dataclasses import replace
-
-    def add(fp: Any, kind: str) -> Any:
-        extra = overhead_1cpu_s.get(kind, 0.0)
-        return replace(fp, batch=replace(fp.batch, overhead_s=fp.batch.overhead_s + extra))
-
-    return replace(profile, segments=[add(f, "segment") for f in profile.segments],
-                   experts={k: add(f, "expert") for k, f in profile.experts.items()})
-
-
-def calibrate_local(sc: Scenario, plan: DeploymentPlan, profile: Any, trace: Any, vocab: int,
-                    warm: Sequence[tuple[str, float, list[Any]]], setup: OnlineSetup,
-                    tokens: dict[str, int], *, round_trip_on_slot: bool = False
-                    ) -> tuple[Any, Any, float]:
-    """(calibration, profile, caller seconds per call) from the warm-up requests only.
-    Per kind, the handler time the profile does not explain (:func:`moefleet.sim.calibrate`)
-    is measured at the warm-up's CPU share ``v`` and moved into the profile as ``gap * v``
-    seconds per call at one vCPU (:func:`with_call_overhead`); cold start is the measured
-    INIT; then the per-call round trip outside the handler is bisected until the
-    simulated mean latency of the warm requests (all but the first, cold one) equals the
-    measured one: as ``caller_overhead_s`` (the caller's own work: holds no worker), or
-    with ``round_trip_on_slot`` as ``warm_start_s`` (paid inside the worker's slot)."""
-    from dataclasses import replace
-
-    from moefleet.sim import MeasuredRun, calibrate
-
-    arr = _warm_arrivals([rid for rid, _, _ in warm], setup, tokens)
-    dur = arr[-1].t_s + setup.warmup_gap_s
-    bare, _ = _sim(sc, plan, profile, trace, vocab, None, arr, dur, setup)
-    cal = calibrate(MeasuredRun([lat for _, lat, _ in warm], [r for *_, rs in warm for r in rs]),
-                    bare, serial=False)
-    share = {f.role: min(1.0, sc.spec.vcpus(f.memory_mb)) for f in plan.placement().functions}
-    gaps = cal.call_overhead_s if isinstance(cal.call_overhead_s, dict) else {}
-    # The simulator computes (profile law) only in a segment's ``pre`` call, one per block
-    # and request; its ``post`` calls would get none: put all segment calls' gap there.
-    recs = [r for _, _, rs in warm for r in rs]
-    pre_share = {"segment": sum(r.kind == "segment" for r in recs)
-                 / (len(warm) * len(profile.segments))}
-    prof = with_call_overhead(profile, {k: g * share.get(k, 1.0) * pre_share.get(k, 1.0)
-                                        for k, g in gaps.items()})
-    cal = replace(cal, call_overhead_s=0.0, warm_start_s=0.0)
-    target = statistics.fmean(lat for _, lat, _ in warm[1:])
-    ids = {rid for rid, _, _ in warm[1:]}
-    lo, hi = 0.0, 0.05
-    for _ in range(16):
-        mid = (lo + hi) / 2
-        res, _ = (_sim(sc, plan, prof, trace, vocab, None, arr, dur, setup,
-                       replace(cal, warm_start_s=mid)) if round_trip_on_slot else
-                  _sim(sc, plan, prof, trace, vocab, None, arr, dur, setup, cal, mid))
-        got = statistics.fmean(r["latency_s"] for r in res.request_log if r["request_id"] in ids)
-        lo, hi = (mid, hi) if got < target else (lo, mid)
-    rt = (lo + hi) / 2
-    return (replace(cal, warm_start_s=rt), prof, 0.0) if round_trip_on_slot else (cal, prof, rt)
-
-
 def run_simulated(sc: Scenario, plan: DeploymentPlan, profile: Any, trace: Any, vocab: int,
-                  controller: Controller | None, floor: dict[str, int],
+                  controller: ScalingController | None, floor: dict[str, int],
                   arrivals: Sequence[Arrival], duration_s: float, warmup_ids: Sequence[str],
                   setup: OnlineSetup, cal: Any, tokens: dict[str, int],
                   caller_s: float = 0.0) -> tuple[RunLog, Any]:
     """The simulator's prediction of :func:`run_measured`: the same warm-up, then the
     replay from the next control-interval boundary, under the same controller (a
     :class:`Replayed` one already holds the floor and the segment start)."""
-    warm = _warm_arrivals(warmup_ids, setup, tokens)
+    warm = warm_arrivals(warmup_ids, setup, tokens)
     start = math.ceil((warm[-1].t_s + setup.warmup_gap_s) / sc.interval_s) * sc.interval_s
     replayed = isinstance(controller, Replayed)
     inner = MemoryFloor(controller, floor) if controller is not None and not replayed else (
@@ -363,7 +249,7 @@ def run_simulated(sc: Scenario, plan: DeploymentPlan, profile: Any, trace: Any, 
     rec = Recorder(inner, sc.price_per_s, None if replayed else segment_start(sc))
     shifted = [Arrival(start + a.t_s, a.request_id, tokens.get(a.request_id, a.prompt_tokens))
                for a in arrivals]
-    res, records = _sim(sc, plan, profile, trace, vocab, Deferred(rec, start),
+    res, records = simulate_online(sc, plan, profile, trace, vocab, Deferred(rec, start),
                         [*warm, *shifted], start + duration_s, setup, cal, caller_s)
     ids = {a.request_id for a in arrivals}
     log = RunLog(latencies={r["request_id"]: r["latency_s"] for r in res.request_log

@@ -18,7 +18,7 @@ What is measured, and why (the model's platform terms, READING-NOTES eqs. 6-11):
 - ``U_j`` stays the compute profile's (``profiles.cache.profile_for``).
 
 :func:`calibrated_platform` puts these into a ``PlatformSpec`` (through
-``sim.calibrate.apply_calibration`` for the store and network blocks).
+``sim.config.apply_calibration`` for the store and network blocks).
 :func:`one_worker_layer_latency` is the model's per-replica times (eqs. 6, 8, 10) composed
 the way a one-worker backend with warm instances runs them; see its docstring for each
 departure from eqs. 7, 9, 11.
@@ -95,8 +95,7 @@ def warm_call_s(experts_s: Sequence[float], invocations: Sequence[int]) -> float
 def calibrated_platform(spec: PlatformSpec, *, warm_s: float, store: StoreTiming,
                         function_bandwidth_bytes_per_s: float) -> PlatformSpec:
     """``spec`` with the measured T_warm, T_acc, B_s and B_f (prices unchanged)."""
-    from moefleet.sim.calibrate import Calibration, apply_calibration
-    from moefleet.sim.config import SimConfig
+    from moefleet.sim.config import Calibration, SimConfig, apply_calibration
 
     cal = Calibration(function_bandwidth_bytes_per_s=function_bandwidth_bytes_per_s,
                       storage_access_s=store.access_s,

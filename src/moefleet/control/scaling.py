@@ -1,37 +1,28 @@
-"""The autoscaling interface shared by the simulator and the runtime.
+"""Scaling controllers: the window they observe, the configs they decide, their bounds.
 
-A policy is a pure function ``(snapshot, state) -> (decisions, state)`` called once per
-control interval (Ray Serve style): it reads a :class:`MetricsSnapshot` (per-function
-utilisation, concurrency, tail latency, token and request shares over the last interval)
-and returns new :class:`FunctionConfig` values for the functions it wants to change.
-Policies never touch the system; the caller applies decisions, with realistic delays.
+A scaling controller is called once per control interval: it reads a
+:class:`MetricsSnapshot` (per-function utilisation, concurrency, tail latency, token and
+request shares over the last interval) and returns new :class:`FunctionConfig` values
+for the functions it wants changed. It never touches the system; the driver applies the
+decisions, with realistic delays. Bounds, hysteresis, decision delays and the memory
+floor are wrappers (:mod:`.wrappers`), the same for every controller.
 
-:class:`BoundedPolicy` wraps any policy with the shared rules every policy needs:
-bounds (replicas, concurrency, memory options), hysteresis (ignore small relative
-changes) and up/down-scale delays (a change must be wanted continuously for that long
-before it is emitted). Its clock is the snapshot time unless a ``clock`` is injected,
-which is how the tests drive it with a fake clock.
-
-Units: seconds, MB, tokens, requests. Invariants: every emitted config has
-``memory_mb > 0``, ``replicas >= 1``, ``concurrency >= 1``; a policy never mutates its
-input state (states are immutable values).
+Units: seconds, MB, tokens, requests. Invariants: every config has ``memory_mb > 0``,
+``replicas >= 1``, ``concurrency >= 1`` and ``0 <= gpu_share <= 1``; an empty snapshot
+(no functions) is valid and yields no decisions.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from moefleet.errors import MoefleetError
+from moefleet.control.base import ControlError
 
 PolicyState = Any  # an immutable value chosen by the policy (None, a tuple, a frozen dataclass)
-
-
-class AutoscaleError(MoefleetError):
-    """A policy or bound that cannot be honoured (e.g. min_replicas > max_replicas)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +46,14 @@ class FunctionConfig:
 
     def __post_init__(self) -> None:
         if self.memory_mb <= 0 or self.replicas < 1 or self.concurrency < 1:
-            raise AutoscaleError(
+            raise ControlError(
                 f"invalid function config {self}",
                 "memory_mb > 0, replicas >= 1 and concurrency >= 1 are required",
             )
         share = self.gpu_share
         if isinstance(share, bool) or not isinstance(share, int | float) or not (
                 math.isfinite(share) and 0.0 <= share <= 1.0):
-            raise AutoscaleError(f"invalid function config {self}: gpu_share {share!r}",
+            raise ControlError(f"invalid function config {self}: gpu_share {share!r}",
                                  "gpu_share is a fraction of one GPU in [0, 1] (0 = CPU only)")
 
 
@@ -201,13 +192,12 @@ class MetricsSnapshot:
         return layer_metrics(self.functions, flops_per_token)
 
 
-class Controller(ABC):
-    """``decide(snapshot, state) -> (decisions, state)``; must not mutate ``state``.
-
-    The general control-loop interface: autoscalers (HPA, ElasticMoE, sMoE) decide
-    function configurations; other controllers (e.g. an SLO-aware brownout controller)
-    fit the same shape with their own decision type. ``AutoscalePolicy`` is the older
-    name of this class and stays an alias.
+class ScalingController(ABC):
+    """A :class:`~moefleet.control.base.Controller` over function configurations:
+    ``decide(snapshot, state) -> (decisions, state)``; must not mutate ``state`` or the
+    snapshot. The sMoE RL controller, HPA, ElasticMoE, FaaSConf-like and static plans
+    are scaling controllers; the simulator (``Simulator(controller=...)``) and the
+    runtime control loop (``runtime.control.ControlLoop``) drive the same objects.
     """
 
     name: str = "policy"
@@ -225,15 +215,8 @@ class Controller(ABC):
                                                                              PolicyState]:
         """New configs for the functions to change (others keep theirs), and the state."""
 
-    def __call__(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
-                                                                              PolicyState]:
-        return self.decide(snapshot, state)
 
-
-AutoscalePolicy = Controller  # the older name, kept for existing callers
-
-
-class StaticPolicy(Controller):
+class StaticPolicy(ScalingController):
     """Never changes anything: the deployment plan as written (ServerlessMoE baseline)."""
 
     name = "static"
@@ -243,7 +226,7 @@ class StaticPolicy(Controller):
         return {}, state
 
 
-# ------------------------------------------------------------------ bounds + hysteresis
+# ------------------------------------------------------------------ bounds
 
 
 @dataclass(frozen=True)
@@ -259,17 +242,17 @@ class ScalingBounds:
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_replicas <= self.max_replicas:
-            raise AutoscaleError(
+            raise ControlError(
                 f"replica bounds {self.min_replicas}..{self.max_replicas} are invalid",
                 "need 1 <= min_replicas <= max_replicas",
             )
         if not 1 <= self.min_concurrency <= self.max_concurrency:
-            raise AutoscaleError(
+            raise ControlError(
                 f"concurrency bounds {self.min_concurrency}..{self.max_concurrency} are invalid",
                 "need 1 <= min_concurrency <= max_concurrency",
             )
         if list(self.memory_options_mb) != sorted(set(self.memory_options_mb)):
-            raise AutoscaleError("memory_options_mb must be strictly increasing")
+            raise ControlError("memory_options_mb must be strictly increasing")
 
     def clamp(self, cfg: FunctionConfig) -> FunctionConfig:
         mem = cfg.memory_mb
@@ -282,94 +265,3 @@ class ScalingBounds:
             concurrency=min(max(cfg.concurrency, self.min_concurrency), self.max_concurrency),
             gpu_share=cfg.gpu_share,  # the platform bounds it (PlatformSpec.clamp_gpu_share)
         )
-
-
-@dataclass(frozen=True)
-class _Pending:
-    direction: Literal["up", "down"]
-    since_s: float
-    config: FunctionConfig
-
-
-@dataclass(frozen=True)
-class _BoundedState:
-    inner: PolicyState
-    pending: Mapping[str, _Pending] = field(default_factory=dict)
-
-
-def _relative_change(new: float, old: float) -> float:
-    return abs(new - old) / old if old > 0 else math.inf
-
-
-class BoundedPolicy(AutoscalePolicy):
-    """Bounds, hysteresis and delays around any policy (one shared implementation).
-
-    For every function the inner policy wants changed: clamp to ``bounds``; drop the
-    change when replicas and memory move by at most ``tolerance`` (relative) and
-    concurrency does not move; otherwise it is an up-scale (more replicas or memory) or
-    a down-scale, and is emitted only once the inner policy has asked for a change in the
-    same direction continuously for ``upscale_delay_s`` / ``downscale_delay_s`` (the
-    latest wanted config is the one emitted). A function the inner policy leaves alone,
-    or a change of direction, resets its timer.
-    """
-
-    def __init__(
-        self,
-        inner: AutoscalePolicy,
-        bounds: ScalingBounds | None = None,
-        *,
-        upscale_delay_s: float = 0.0,
-        downscale_delay_s: float = 0.0,
-        tolerance: float = 0.0,
-        clock: Callable[[], float] | None = None,
-    ) -> None:
-        for name, value in (("upscale_delay_s", upscale_delay_s),
-                            ("downscale_delay_s", downscale_delay_s), ("tolerance", tolerance)):
-            if not (math.isfinite(value) and value >= 0):
-                raise AutoscaleError(f"{name} must be a finite number >= 0, got {value!r}")
-        self.inner = inner
-        self.bounds = bounds or ScalingBounds()
-        self.upscale_delay_s = upscale_delay_s
-        self.downscale_delay_s = downscale_delay_s
-        self.tolerance = tolerance
-        self.clock = clock
-        self.name = inner.name
-
-    def initial_state(self) -> PolicyState:
-        return _BoundedState(self.inner.initial_state())
-
-    def decide(self, snapshot: MetricsSnapshot, state: PolicyState) -> tuple[Decisions,
-                                                                             PolicyState]:
-        if not isinstance(state, _BoundedState):
-            raise AutoscaleError("BoundedPolicy got a foreign state",
-                                 "start from policy.initial_state()")
-        now = self.clock() if self.clock is not None else snapshot.t_s
-        wanted, inner_state = self.inner.decide(snapshot, state.inner)
-        out: Decisions = {}
-        pending: dict[str, _Pending] = {}
-        for name, raw in sorted(wanted.items()):
-            if name not in snapshot.functions:
-                raise AutoscaleError(f"policy {self.inner.name!r} decided for unknown function "
-                                     f"{name!r}")
-            cur = snapshot.functions[name].config
-            cfg = self.bounds.clamp(raw)
-            if self._negligible(cfg, cur):
-                continue
-            grows = cfg.replicas > cur.replicas or cfg.memory_mb > cur.memory_mb
-            direction: Literal["up", "down"] = "up" if grows else "down"
-            delay = self.upscale_delay_s if grows else self.downscale_delay_s
-            prev = state.pending.get(name)
-            since = prev.since_s if prev is not None and prev.direction == direction else now
-            if now - since >= delay:
-                out[name] = cfg
-            else:
-                pending[name] = _Pending(direction, since, cfg)
-        return out, replace(state, inner=inner_state, pending=pending)
-
-    def _negligible(self, new: FunctionConfig, cur: FunctionConfig) -> bool:
-        if new == cur:
-            return True
-        if new.concurrency != cur.concurrency:
-            return False
-        return (_relative_change(new.replicas, cur.replicas) <= self.tolerance
-                and _relative_change(new.memory_mb, cur.memory_mb) <= self.tolerance)

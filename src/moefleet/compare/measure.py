@@ -1,0 +1,158 @@
+"""``compare --measure K``: the K cheapest feasible policies that can run for real, run
+through the composition root on the local backend (``open_engine`` + ``run_billed``),
+their measured cost and P95 latencies beside the simulator's for the *same* requests.
+
+The measured requests are the traffic's first ``REQUESTS`` arrivals, submitted together
+(the local backend runs a batch, not a timed replay), prompts cut to ``MAX_PROMPT``
+random token ids and outputs to ``MAX_OUTPUT`` greedy tokens (EOS ignored); the
+simulated side re-runs the policy on exactly those requests, all arriving at t = 0, so
+the two share lengths, routing shape and prices. Each policy runs ``repeats`` times and
+every run is reported (no best-of).
+
+Runnable for real: plans with functions (Remoe's layouts, the composed policy with a
+SALC-controlled brownout stack, ODS/BO plans). Monolithic and sMoE rows are simulated
+only (an in-process engine is not a serverless bill; sMoE needs pods).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from moefleet.compare.rows import Row
+from moefleet.compare.scenario import Scenario
+from moefleet.compare.traffic import Traffic
+from moefleet.errors import MoefleetError
+from moefleet.workloads.base import Arrival
+
+REQUESTS = 6
+MAX_PROMPT = 48
+MAX_OUTPUT = 12
+REMOE = {"remoe-mmp": "remoe", "remoe-sweep": "remoe-sweep", "remoe-cpu": "cpu",
+         "remoe-gpu": "gpu", "remoe-mix": "mix", "remoe-fetch": "fetch"}
+ODS = {"lambdaml": "lambdaml", "ods-predicted": "ods", "ods-bo": "ods", "ods-oracle": "ods"}
+MEASURABLE = (*REMOE, "composed", *ODS)
+
+
+def mini_scenario(sc: Scenario, n: int = REQUESTS) -> Scenario:
+    """The scenario cut to the measured requests: the first ``n``, at t = 0, short."""
+    got = sc.traffic.arrivals[:n]
+    arr = [Arrival(0.0, a.request_id, min(a.prompt_tokens or 1, MAX_PROMPT),
+                   min(a.output_tokens or 1, MAX_OUTPUT)) for a in got]
+    tr = Traffic(sc.traffic.spec, arr, max(1.0, sc.interval_s),
+                 {**sc.traffic.described, "measured": f"first {n}, batched, cut"})
+    return dataclasses.replace(sc, traffic=tr, quick=True)
+
+
+def _plan_for(sc: Scenario, policy: str, adapter: Any) -> Any:
+    """The policy's deployment plan for the measured model."""
+    from moefleet.compare.ods_rows import _plan, refined_routing
+    from moefleet.compare.remoe_rows import plan_relaxed, problem
+
+    if policy in ODS:
+        s_LE = {"ods-bo": refined_routing(sc), "ods-oracle": sc.real_LE}.get(
+            policy, sc.pred_LE)
+        plan, _ = _plan(sc, ODS[policy], s_LE)
+        return plan
+    kind = "remoe" if policy == "composed" else REMOE[policy]
+    s_LE = refined_routing(sc) if policy == "composed" else sc.pred_LE
+    p = problem(sc, s_LE, gpu=kind != "cpu")
+    res, _ = plan_relaxed(p, kind)
+    return res.to_plan(p, list(adapter.summary().moe_layers))
+
+
+def simulated_row(sc: Scenario, policy: str) -> Row:
+    from moefleet.compare.ods_rows import ods_rows
+    from moefleet.compare.remoe_rows import remoe_rows
+    from moefleet.compare.smoe_rows import composed_row
+
+    rows = ([composed_row(sc)] if policy == "composed"
+            else ods_rows(sc) if policy in ODS else remoe_rows(sc))
+    return next(r for r in rows if r.policy == policy)
+
+
+def run_real(sc: Scenario, policy: str, adapter: Any, *, salc: bool) -> dict[str, Any]:
+    """One measured run; figures as the simulated row's."""
+    from moefleet.compose import EngineOptions, StackOptions, open_engine
+    from moefleet.compose.run import run_billed
+    from moefleet.engine import SamplingParams
+    from moefleet.experts.brownout_control import BrownoutSpec
+
+    plan = _plan_for(sc, policy, adapter)
+    rng = np.random.default_rng(sc.seed)
+    vocab = adapter.summary().vocab_size or 256
+    prompts = [rng.integers(1, vocab, a.prompt_tokens or 1).tolist()
+               for a in sc.traffic.arrivals]
+    params = [SamplingParams(max_tokens=a.output_tokens or 1, temperature=0.0,
+                             ignore_eos=True) for a in sc.traffic.arrivals]
+    brown = (BrownoutSpec(ways=2, mode="full", slo_ttft_s=sc.slo_ttft_s,
+                          slo_tpot_s=sc.slo_tpot_s) if salc else None)
+    t0 = time.perf_counter()
+    with open_engine(adapter, plan=plan, stack=StackOptions(brownout=brown),
+                     backend="local", platform=sc.spec,
+                     options=EngineOptions(max_num_seqs=len(prompts))) as opened:
+        run = run_billed(opened, prompts, params)
+        notes = list(opened.notes)
+    ttft = [o.times.ttft_s for o in run.outputs if o.times and o.times.ttft_s is not None]
+    tpot = [o.times.tpot_s for o in run.outputs if o.times and o.times.tpot_s is not None]
+    out_tokens = sum(len(o.new_token_ids) for o in run.outputs)
+    errors = [o.error for o in run.outputs if o.error]
+    if errors and not out_tokens:  # nothing ran: a $0 bill would read as a free policy
+        return {"error": f"{len(errors)} of {len(run.outputs)} requests failed: {errors[0]}"}
+    return {"cost_usd": run.total_usd, "output_tokens": out_tokens,
+            "cost_per_1m_usd": run.total_usd / max(out_tokens, 1) * 1e6,
+            "ttft_p95_s": float(np.percentile(ttft, 95)) if ttft else None,
+            "tpot_p95_s": float(np.percentile(tpot, 95)) if tpot else None,
+            "wall_s": time.perf_counter() - t0, "notes": notes,
+            "errors": errors}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def measure(sc: Scenario, rows: list[Row], k: int, adapter: Any, repeats: int = 2,
+            say: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Measure the ``k`` cheapest runnable rows meeting the SLO (else the cheapest
+    runnable ones); each result is also put on its row (``row.measured``)."""
+    ran = [r for r in rows if r.absent is None and r.policy in MEASURABLE
+           and r.cost_per_1m is not None]
+    if not ran:
+        raise MoefleetError("--measure: no policy that can run for real ran here",
+                            "use a platform with functions (e.g. alibaba-fc-gpu)")
+    ok = sorted((r for r in ran if r.meets_slo), key=lambda r: r.cost_per_1m or 0.0)
+    rest = sorted((r for r in ran if not r.meets_slo), key=lambda r: r.cost_per_1m or 0.0)
+    pick = (ok + rest)[:k]
+    mini = mini_scenario(sc)
+    out = []
+    for row in pick:
+        sim = simulated_row(mini, row.policy)
+        runs = []
+        for i in range(repeats):
+            if say is not None:
+                say(f"measuring {row.policy} (run {i + 1}/{repeats})")
+            try:
+                got = run_real(mini, row.policy, adapter, salc=row.policy == "composed")
+            except MoefleetError as err:
+                got = {"error": err.message}
+            if "error" not in got:
+                got["cost_ratio"] = _ratio(got["cost_per_1m_usd"], sim.cost_per_1m)
+                got["tpot_p95_ratio"] = _ratio(got["tpot_p95_s"], sim.tpot_p95_s)
+                got["ttft_p95_ratio"] = _ratio(got["ttft_p95_s"], sim.ttft_p95_s)
+            runs.append(got)
+        entry = {"policy": row.policy, "platform": row.platform,
+                 "requests": len(mini.traffic.arrivals),
+                 "simulated": {"cost_per_1m_usd": sim.cost_per_1m,
+                               "ttft_p95_s": sim.ttft_p95_s, "tpot_p95_s": sim.tpot_p95_s},
+                 "runs": runs,
+                 "bars": {"cost_within_20pct": [abs((r.get("cost_ratio") or 0) - 1) <= 0.2
+                                                for r in runs],
+                          "p95_within_25pct": [abs((r.get("tpot_p95_ratio") or 0) - 1)
+                                               <= 0.25 for r in runs]}}
+        row.measured = entry
+        out.append(entry)
+    return out
