@@ -55,15 +55,18 @@ def free_port() -> int:
 
 
 @contextmanager
-def running(engine: Any = None, **kw: Any) -> Iterator[Server]:
+def running(engine: Any = None, *, limits: Any = None, **kw: Any) -> Iterator[Server]:
+    """A server in a thread, as ``serve`` builds it (``limits``: ConnectionLimits)."""
     import uvicorn
 
     from moefleet.serve import create_app
+    from moefleet.serve.connections import uvicorn_config
 
+    if limits is not None:  # the body timeout is the app's (BodyLimit), the rest uvicorn's
+        kw.setdefault("body_timeout_s", limits.body_timeout_s)
     app = create_app(engine or tiny_engine(), model_name=MODEL, **kw)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn_config(app, port=port, limits=limits))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60

@@ -153,7 +153,7 @@ def _open_stream(url: str, max_tokens: int) -> tuple[http.client.HTTPConnection,
 def test_load_shedding_and_disconnect_abort() -> None:
     """One running slot, one waiting slot: the third request is shed with 503; closing the
     streams aborts both requests and frees the whole cache."""
-    with running(tiny_engine(max_num_seqs=1), max_waiting=1) as s:
+    with running(tiny_engine(max_num_seqs=1), max_waiting=1, admission_wait_s=0.5) as s:
         a_conn, a = _open_stream(s.url, 400)
         assert a.readline().startswith(b"data: ")  # A is running
         b_conn, _ = _open_stream(s.url, 400)

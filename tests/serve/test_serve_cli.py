@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.serve.conftest import free_port, tiny_adapter
+from tests.serve.conftest import tiny_adapter
 
 
 def test_serve_subprocess(tmp_path: Path) -> None:
@@ -22,18 +24,28 @@ def test_serve_subprocess(tmp_path: Path) -> None:
     model_dir = tmp_path / "tiny-served"
     adapter.model.save_pretrained(model_dir)
     adapter.tokenizer.save_pretrained(model_dir)
-    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).resolve().parents[2] / "src"), os.environ.get("PYTHONPATH", "")]),
         "MOEFLEET_API_KEY": "k"}
     proc = subprocess.Popen([sys.executable, "-m", "moefleet", "serve", "--model",
-                             str(model_dir), "--port", str(port), "--max-num-seqs", "4",
+                             str(model_dir), "--port", "0", "--max-num-seqs", "4",
                              # SALC starts at threshold 1 (zero brownout): same outputs
                              "--brownout", "ways=2,slo-ttft=30,slo-tpot=30,mode=full"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
     try:
+        # --port 0: the banner says which port was bound
         deadline = time.monotonic() + 240
+        assert proc.stderr is not None
+        banner = ""
+        while "serving" not in banner:
+            line = proc.stderr.readline().decode()
+            if not line and proc.poll() is not None:
+                pytest.fail(f"serve exited: {proc.communicate()[1].decode()[-2000:]}")
+            banner += line
+            assert time.monotonic() < deadline, "no banner"
+        m = re.search(r"http://127\.0\.0\.1:(\d+)", banner)
+        assert m and int(m.group(1)) > 0, banner
+        url = f"http://127.0.0.1:{m.group(1)}"
         while True:
             if proc.poll() is not None:
                 pytest.fail(f"serve exited: {proc.communicate()[1].decode()[-2000:]}")
@@ -82,3 +94,35 @@ def test_serve_rejects_bad_options() -> None:
     assert r.exit_code == 2 and "unknown backend 'nope'" in r.output
     r = CliRunner().invoke(app, ["serve", "--model", "x", "--workers", "2"])
     assert r.exit_code == 2 and "only apply with --plan" in r.output
+
+
+def test_serve_port_in_use_is_one_error_line_before_loading() -> None:
+    from typer.testing import CliRunner
+
+    from moefleet.cli import app
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        t0 = time.monotonic()
+        r = CliRunner().invoke(app, ["serve", "--model", "tiny-moe-lm", "--port", str(port)])
+    assert r.exit_code != 0 and time.monotonic() - t0 < 30
+    assert f"error: port {port} is in use" in r.output and "--port 0" in r.output
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args,what", [
+    (["--max-per-client", "0"], "--max-per-client"), (["--admission-wait", "nan"],
+                                                      "--admission-wait"),
+    (["--body-timeout", "0"], "body_timeout_s"), (["--header-timeout", "-1"],
+                                                  "head_timeout_s"),
+    (["--max-header-kb", "0"], "max_head_bytes"), (["--max-waiting", "0"], "--max-waiting"),
+])
+def test_serve_rejects_bad_connection_options(args, what) -> None:
+    from typer.testing import CliRunner
+
+    from moefleet.cli import app
+
+    r = CliRunner().invoke(app, ["serve", "--model", "tiny-moe-lm", "--port", "0", *args])
+    assert r.exit_code == 2 and what in r.output and "Traceback" not in r.output

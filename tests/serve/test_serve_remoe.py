@@ -121,8 +121,9 @@ def test_serve_remoe_plan_refuses_cuda_on_a_machine_without_one(
 
 def test_serve_cli_with_a_remoe_plan_answers_over_http_and_tears_down(
         small_mixtral_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``moefleet serve --plan remoe.yaml`` itself (in process: ``uvicorn.run`` is replaced by
-    a real server on a thread that is queried, then stopped, as Ctrl-C would)."""
+    """``moefleet serve --plan remoe.yaml`` itself (in process: ``uvicorn.Server.run`` is
+    replaced by a real server on a thread that is queried, then stopped, as Ctrl-C
+    would)."""
     import threading
     import time
 
@@ -132,8 +133,6 @@ def test_serve_cli_with_a_remoe_plan_answers_over_http_and_tears_down(
     from moefleet.cli import app as cli
     from moefleet.models.registry import load_adapter
     from tests.engine_helpers import build_engine
-    from tests.serve.conftest import free_port
-
     model = str(small_mixtral_dir)
     adapter = load_adapter(model)
     with running(build_engine(adapter, max_num_seqs=4)) as s:
@@ -141,22 +140,25 @@ def test_serve_cli_with_a_remoe_plan_answers_over_http_and_tears_down(
     plan = _remoe_plan(tmp_path / "remoe.yaml", adapter, model)
     seen: dict[str, Any] = {}
 
-    def serve_once(app: Any, host: str, port: int, log_level: str) -> None:
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=free_port(),
-                                               log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
+    real_run = uvicorn.Server.run
+
+    def serve_once(self: Any, sockets: Any = None) -> None:
+        """The CLI's server, run on a thread on the socket the CLI bound, queried, then
+        stopped (as Ctrl-C would)."""
+        thread = threading.Thread(target=real_run, args=(self,), kwargs={"sockets": sockets},
+                                  daemon=True)
         thread.start()
-        while not server.started:
+        while not self.started:
             time.sleep(0.02)
-        url = f"http://{host}:{server.config.port}"
+        url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
         try:
             seen["got"] = complete_plan_prompts(url)
             seen["billed"] = billed_series(url)
         finally:
-            server.should_exit = True
+            self.should_exit = True
             thread.join(30)
 
-    monkeypatch.setattr(uvicorn, "run", serve_once)
+    monkeypatch.setattr(uvicorn.Server, "run", serve_once)
     store = tmp_path / "store"
     # systems combine: Remoe's split, a brownout guard (threshold 1: exact) and injected
     # throttles at the backend (retried: exact), all through one engine

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 from typing import Annotated, Any
 
 import typer
@@ -41,8 +43,26 @@ def serve_cmd(
         help="auto, cpu, cuda or cuda:N (auto: CUDA where torch sees a GPU; with a Remoe "
              "plan, only if its main function has a GPU)")] = "auto",
     max_num_seqs: Annotated[int, typer.Option(help="sequences per engine step")] = 64,
-    max_waiting: Annotated[int, typer.Option(
-        help="waiting requests before new ones get 503 + Retry-After")] = 256,
+    max_waiting: Annotated[int | None, typer.Option(
+        help="requests waiting beyond the running ones before new ones wait for a slot "
+             "and then get 503 + Retry-After (default: what the engine holds at once)")
+    ] = None,
+    admission: Annotated[bool, typer.Option(
+        help="admission gate before the body is read (--no-admission: the old shedding "
+             "after parsing, kept to compare)")] = True,
+    max_per_client: Annotated[int | None, typer.Option(
+        help="fairness: requests in flight per client address (more: 429)")] = None,
+    admission_wait: Annotated[float, typer.Option(
+        help="at most this many seconds a request over capacity waits for a slot before "
+             "its 503 (it waits the predicted queue drain time, at least 0.5 s)")] = 10.0,
+    body_timeout: Annotated[float, typer.Option(
+        help="seconds a request body may take to arrive (then 408)")] = 30.0,
+    header_timeout: Annotated[float, typer.Option(
+        help="seconds a request head may take to arrive (then 408; slowloris)")] = 10.0,
+    max_header_kb: Annotated[int, typer.Option(
+        help="largest request head (request line + headers), KiB (then 431)")] = 32,
+    keep_alive: Annotated[int, typer.Option(
+        help="seconds an idle keep-alive connection stays open")] = 5,
     max_body_kb: Annotated[int, typer.Option(help="largest request body, KiB")] = 4096,
     platform: Annotated[str, typer.Option(help="platform whose prices bill requests")
                         ] = "aws-lambda",
@@ -78,9 +98,25 @@ def serve_cmd(
             raise MissingExtraError(err.name or "fastapi", "serve") from None
         if not 0 <= port <= 65535:
             raise MoefleetError(f"--port must be in [0, 65535], got {port}", "e.g. --port 8000")
-        if not 1 <= max_waiting <= MAX_WAITING_LIMIT:
+        if max_waiting is not None and not 1 <= max_waiting <= MAX_WAITING_LIMIT:
             raise MoefleetError(f"--max-waiting must be in [1, {MAX_WAITING_LIMIT}], got "
-                                f"{max_waiting}", "e.g. --max-waiting 256")
+                                f"{max_waiting}", "e.g. --max-waiting 64")
+        if max_per_client is not None and not 1 <= max_per_client <= MAX_WAITING_LIMIT:
+            raise MoefleetError(f"--max-per-client must be in [1, {MAX_WAITING_LIMIT}], got "
+                                f"{max_per_client}", "e.g. --max-per-client 16")
+        if not 0 <= admission_wait <= 600:  # also refuses nan
+            raise MoefleetError(f"--admission-wait must be in [0, 600] seconds, got "
+                                f"{admission_wait}", "e.g. --admission-wait 1")
+        from moefleet.serve.connections import ConnectionLimits
+
+        try:
+            limits = ConnectionLimits(head_timeout_s=header_timeout,
+                                      max_head_bytes=max_header_kb * 1024,
+                                      body_timeout_s=body_timeout, keep_alive_s=keep_alive)
+        except ValueError as err:
+            raise MoefleetError(f"connection limits: {err}",
+                                "e.g. --header-timeout 10 --body-timeout 30 "
+                                "--max-header-kb 32 --keep-alive 5") from None
         if not 1 <= max_body_kb <= 1 << 20:
             raise MoefleetError(f"--max-body-kb must be in [1, {1 << 20}], got {max_body_kb}",
                                 "e.g. --max-body-kb 4096")
@@ -104,28 +140,66 @@ def serve_cmd(
         from moefleet.platform import load_platform
 
         load_platform(platform)  # a bad --platform fails before the model loads, too
-        adapter = load_model(model, args)
-        name = served_name or (adapter.name if os.path.isdir(os.path.expanduser(model))
-                               else model)
-        app_kw = {"model_name": name, "api_key": key, "max_waiting": max_waiting,
-                  "max_body_bytes": max_body_kb * 1024, "slo_ttft_s": slo_ttft,
-                  "slo_tpot_s": slo_tpot, "step_timeout_s": step_timeout}
-        served = False
-        try:
-            with open_cli_engine(adapter, args, model_ref=model,
-                                 billing=Billing(platform, memory_mb)) as opened:
-                app = create_app(opened, **app_kw)  # type: ignore[arg-type]
-                served = True
-                for note in opened.notes:
-                    err_console.print(f"note: {note}", highlight=False)
-                kv = getattr(opened.runner, "kv_capacity", None)
-                if kv is not None:
-                    err_console.print(kv.describe(), highlight=False)
-                err_console.print(_banner(args, opened, name, host, port, key), highlight=False)
-                uvicorn.run(app, host=host, port=port, log_level="warning")
-        finally:  # uvicorn re-raises SIGTERM/SIGINT after its shutdown; the with-block ran
-            if served and args.plan is not None:
-                err_console.print("stopped; deployment torn down", highlight=False)
+        sock = bind(host, port)  # a port in use fails before the model loads, too
+        with sock:  # closed on every way out, errors included
+            adapter = load_model(model, args)
+            name = served_name or (adapter.name if os.path.isdir(os.path.expanduser(model))
+                                   else model)
+            app_kw = {"model_name": name, "api_key": key, "max_waiting": max_waiting,
+                      "max_body_bytes": max_body_kb * 1024, "slo_ttft_s": slo_ttft,
+                      "slo_tpot_s": slo_tpot, "step_timeout_s": step_timeout,
+                      "admission": admission, "max_per_client": max_per_client,
+                      "admission_wait_s": admission_wait, "body_timeout_s": body_timeout}
+            bound = sock.getsockname()[1]
+            from moefleet.serve.connections import uvicorn_config
+            served = False
+            try:
+                with open_cli_engine(adapter, args, model_ref=model,
+                                     billing=Billing(platform, memory_mb)) as opened:
+                    app = create_app(opened, **app_kw)  # type: ignore[arg-type]
+                    served = True
+                    for note in opened.notes:
+                        err_console.print(f"note: {note}", highlight=False)
+                    kv = getattr(opened.runner, "kv_capacity", None)
+                    if kv is not None:
+                        err_console.print(kv.describe(), highlight=False)
+                    sock.listen(2048)  # from here on clients queue, not refused
+                    err_console.print(_banner(args, opened, name, host, bound, key),
+                                      highlight=False)
+                    uvicorn.Server(uvicorn_config(app, host=host, port=bound, limits=limits)
+                                   ).run(sockets=[sock])
+            finally:  # uvicorn re-raises SIGTERM/SIGINT after shutdown; the with-block ran
+                if served and args.plan is not None:
+                    err_console.print("stopped; deployment torn down", highlight=False)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (0: any free port), or one error line saying why
+    not. Binding before the model loads makes a taken port fail in a second."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror:
+        raise MoefleetError(f"--host {host} is not an address this machine can bind",
+                            "e.g. --host 127.0.0.1 (or 0.0.0.0 for every interface)"
+                            ) from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise MoefleetError(f"port {port} is in use",
+                                "use --port 0 for any free port, or stop what holds it"
+                                ) from None
+        if err.errno == errno.EACCES:
+            raise MoefleetError(f"port {port} needs privileges this process lacks",
+                                "use a port above 1023, or --port 0") from None
+        raise MoefleetError(f"cannot bind {host}:{port}: {err.strerror}",
+                            "check --host and --port, or use --port 0") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _banner(args: Any, opened: Any, name: str, host: str, port: int, key: str | None) -> str:

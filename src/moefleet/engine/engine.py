@@ -139,6 +139,10 @@ class Engine:
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         vocab = self._vocab()
         bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+        biased = [t for t, _ in params.logit_bias if t >= vocab]
+        if biased:
+            raise EngineError(f"logit_bias token ids {biased[:5]} are outside the vocabulary "
+                              f"[0, {vocab})", "bias token ids this model's tokenizer makes")
         if bad:
             raise EngineError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})",
                               "tokenize with this model's tokenizer")
@@ -210,7 +214,9 @@ class Engine:
         if res.sample_logits_BV is not None:
             params = [seqs[s].params for s in res.sample_ids]
             try:
-                tokens, lps = self.sampler.sample(res.sample_logits_BV, res.sample_ids, params)
+                tokens, lps = self.sampler.sample(
+                    res.sample_logits_BV, res.sample_ids, params,
+                    [seqs[s].output_ids for s in res.sample_ids])
             except (RuntimeError, ValueError) as err:  # e.g. NaN logits: fail these requests,
                 return self._fail_step(sched, StepFailedError(res.sample_ids, err))  # not all
         sampled = dict(zip(res.sample_ids, tokens, strict=True))

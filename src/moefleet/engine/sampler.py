@@ -6,7 +6,9 @@ Shape legend: B rows that sample this step, V vocabulary.
 Log-probabilities are those of the model's own distribution (log-softmax of the raw
 logits), whatever the sampling transform; this is what evaluation tools expect. A
 request with a seed draws from its own generator, so its tokens do not depend on which
-other requests share its batches.
+other requests share its batches. ``logit_bias`` and the frequency/presence penalties
+change the logits every choice sees (greedy included), for the whole batch at once; the
+log-probabilities reported stay the model's own.
 """
 
 from __future__ import annotations
@@ -36,15 +38,19 @@ class Sampler:
 
     @torch.no_grad()
     def sample(self, logits_BV: torch.Tensor, seq_ids: list[int],
-               params: list[SamplingParams]) -> tuple[list[int], list[TokenLogprob | None]]:
-        if all(p.greedy and p.logprobs is None for p in params):
+               params: list[SamplingParams], outputs: list[list[int]] | None = None
+               ) -> tuple[list[int], list[TokenLogprob | None]]:
+        """One token per row. ``outputs[b]``: the tokens row b's request has generated so
+        far (what the penalties count); needed only when a request sets a penalty."""
+        if all(p.greedy and p.logprobs is None and not p.adjusts_logits for p in params):
             # the step's one read of the tokens: argmax where the logits are
             return logits_BV.argmax(dim=-1).tolist(), [None] * len(params)
         logits_BV = logits_BV.float().cpu()
+        chosen_BV = adjusted(logits_BV, params, outputs)
         if all(p.greedy for p in params):
-            tokens = logits_BV.argmax(dim=-1).tolist()
+            tokens = chosen_BV.argmax(dim=-1).tolist()
         else:
-            tokens = [self._one(logits_BV[b], seq_ids[b], p) for b, p in enumerate(params)]
+            tokens = [self._one(chosen_BV[b], seq_ids[b], p) for b, p in enumerate(params)]
         logprobs: list[TokenLogprob | None] = [None] * len(params)
         want = [b for b, p in enumerate(params) if p.logprobs is not None]
         if want:
@@ -78,6 +84,36 @@ class Sampler:
             # a temperature so small that logits / T overflow: its limit is greedy
             return int(logits_V.argmax())
         return int(torch.multinomial(probs_V, 1, generator=self._generator(seq_id, p)))
+
+
+def adjusted(logits_BV: torch.Tensor, params: list[SamplingParams],
+             outputs: list[list[int]] | None) -> torch.Tensor:
+    """``logits_BV`` with each row's logit bias added and its penalties subtracted; the
+    input itself when no row asks for either (the common case costs nothing)."""
+    rows = [b for b, p in enumerate(params) if p.adjusts_logits]
+    if not rows:
+        return logits_BV
+    out_BV = logits_BV.clone()
+    bias_rows = [b for b in rows for _ in params[b].logit_bias]
+    if bias_rows:
+        ids = [t for b in rows for t, _ in params[b].logit_bias]
+        vals = [float(v) for b in rows for _, v in params[b].logit_bias]
+        out_BV.index_put_((torch.tensor(bias_rows), torch.tensor(ids)),
+                          torch.tensor(vals), accumulate=True)
+    pen = [b for b in rows if params[b].frequency_penalty or params[b].presence_penalty]
+    if pen:
+        if outputs is None:
+            raise ValueError("frequency/presence penalties need the generated tokens")
+        count_rows = [r for r, b in enumerate(pen) for _ in outputs[b]]
+        if count_rows:  # a request's first token has nothing to penalise yet
+            toks = [t for b in pen for t in outputs[b]]
+            counts_PV = torch.zeros(len(pen), out_BV.shape[1])
+            counts_PV.index_put_((torch.tensor(count_rows), torch.tensor(toks)),
+                                 torch.ones(len(toks)), accumulate=True)
+            freq_P1 = torch.tensor([[params[b].frequency_penalty] for b in pen])
+            pres_P1 = torch.tensor([[params[b].presence_penalty] for b in pen])
+            out_BV[pen] -= freq_P1 * counts_PV + pres_P1 * (counts_PV > 0).float()
+    return out_BV
 
 
 def prompt_logprobs(logits_TV: torch.Tensor, next_ids: list[int]) -> list[float]:

@@ -17,86 +17,57 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from moefleet.compose.billing import Biller, InProcessBiller, InProcessPricer
 from moefleet.compose.root import OpenedEngine
 from moefleet.engine import Engine
 from moefleet.experts.brownout_hook import ThresholdReport
 from moefleet.platform import load_platform
+from moefleet.serve.admission import (
+    DEFAULT_WAIT_S,
+    Admission,
+    AdmissionGate,
+    default_max_waiting,
+)
+from moefleet.serve.connections import DEFAULT_BODY_TIMEOUT_S, BodyLimit
 from moefleet.serve.errors import ERROR_RESPONSES, HANDLERS, APIError, error_body
 from moefleet.serve.metrics import ServeMetrics
 from moefleet.serve.openai_api import router as openai_router
 from moefleet.serve.protocol import DetokenizeRequest, TokenizeRequest
-from moefleet.serve.state import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITING, ServeState
+from moefleet.serve.state import DEFAULT_MAX_BODY_BYTES, ServeState
 from moefleet.serve.submit import chat_prompt
 from moefleet.serve.worker import EngineWorker
 
 DEFAULT_MEMORY_MB = 2048
 
 
-class BodyLimit:
-    """Answers 413 for bodies over ``limit`` bytes, declared or streamed, before any parse."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            await self._reject(send)
-            return
-        chunks, size, more = [], 0, True
-        while more:
-            msg = await receive()
-            if msg["type"] != "http.request":
-                break
-            chunk = msg.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                await self._reject(send)
-                return
-            chunks.append(chunk)
-            more = msg.get("more_body", False)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _reject(self, send: Send) -> None:
-        resp = JSONResponse(error_body(413, f"request body over {self.limit} bytes",
-                                       code="body_too_large"), status_code=413)
-        await resp({"type": "http"}, _no_receive, send)
-
-
-async def _no_receive() -> Message:
-    return {"type": "http.disconnect"}
-
-
 def create_app(engine: Engine | OpenedEngine, *, model_name: str, api_key: str | None = None,
-               max_waiting: int = DEFAULT_MAX_WAITING,
+               max_waiting: int | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, platform: str = "aws-lambda",
                memory_mb: int = DEFAULT_MEMORY_MB, slo_ttft_s: float | None = None,
                slo_tpot_s: float | None = None, default_max_tokens: int | None = None,
-               biller: Biller | None = None, step_timeout_s: float | None = None
-               ) -> FastAPI:
+               biller: Biller | None = None, step_timeout_s: float | None = None,
+               admission: bool = True, max_per_client: int | None = None,
+               admission_wait_s: float = DEFAULT_WAIT_S,
+               body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> FastAPI:
     """Serve ``engine``: an :class:`OpenedEngine` from the composition root (its biller
     bills each request; its brownout threshold is reported on ``/metrics``), or a bare
     engine billed by ``biller`` (default: the in-process estimate on ``platform`` at
     ``memory_mb``). ``step_timeout_s``: the watchdog's limit on one engine step (None: no
-    watchdog); past it ``/health`` and the requests waiting on the step answer 503."""
+    watchdog); past it ``/health`` and the requests waiting on the step answer 503.
+
+    ``admission`` puts :class:`~moefleet.serve.admission.AdmissionGate` in front (False:
+    the old behaviour, shedding only after the body is parsed, kept to compare):
+    ``max_waiting`` (default derived from the engine's slots and KV blocks) waiting on
+    top of the engine's running slots, ``max_per_client`` slots per peer address,
+    at most ``admission_wait_s`` for a slot before 503. ``body_timeout_s``: a request body not
+    complete by then is 408."""
     metrics = ServeMetrics(model_name)
     opened = engine if isinstance(engine, OpenedEngine) else None
     eng = engine if isinstance(engine, Engine) else engine.engine
+    sched = eng.scheduler.config
+    if max_waiting is None:
+        max_waiting = default_max_waiting(sched.max_num_seqs, sched.num_cache_blocks)
     if opened is not None:
         biller = biller or opened.biller
         router = opened.brownout
@@ -112,7 +83,7 @@ def create_app(engine: Engine | OpenedEngine, *, model_name: str, api_key: str |
     state = ServeState(worker, metrics, model_name, eng.runner.max_model_len,
                        eng.runner.vocab_size,
                        api_key=api_key, max_waiting=max_waiting, max_body_bytes=max_body_bytes,
-                       default_max_tokens=default_max_tokens)
+                       default_max_tokens=default_max_tokens, gated=admission)
     if slo_ttft_s is not None:
         metrics.controller.labels(model_name, "slo_ttft_s").set(slo_ttft_s)
     if slo_tpot_s is not None:
@@ -129,7 +100,14 @@ def create_app(engine: Engine | OpenedEngine, *, model_name: str, api_key: str |
     app = FastAPI(title="moefleet", version="1", lifespan=lifespan,
                   exception_handlers=HANDLERS)  # type: ignore[arg-type]
     app.state.serve = state
-    app.add_middleware(BodyLimit, limit=max_body_bytes)
+    app.add_middleware(BodyLimit, limit=max_body_bytes, timeout_s=body_timeout_s)
+    if admission:  # added last: outermost, so a rejection never reads the body
+        gate = Admission(sched.max_num_seqs, max_waiting, per_client=max_per_client,
+                         wait_s=admission_wait_s)
+        app.state.admission = gate
+        metrics.controller.labels(model_name, "admission_capacity").set(gate.capacity)
+        app.add_middleware(AdmissionGate, admission=gate,
+                           on_reject=lambda _r: metrics.rejected.labels(model_name).inc())
 
     async def check_key(request: Request) -> None:
         if state.api_key is None:
@@ -143,11 +121,18 @@ def create_app(engine: Engine | OpenedEngine, *, model_name: str, api_key: str |
     v1 = APIRouter(dependencies=[Depends(check_key)])
     v1.include_router(openai_router())
 
+    created = int(time.time())
+    card = {"id": model_name, "object": "model", "created": created, "owned_by": "moefleet",
+            "max_model_len": state.max_model_len}
+
     @v1.get("/v1/models", responses=ERROR_RESPONSES)
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{
-            "id": model_name, "object": "model", "created": int(time.time()),
-            "owned_by": "moefleet", "max_model_len": state.max_model_len}]}
+        return {"object": "list", "data": [card]}
+
+    @v1.get("/v1/models/{model_id:path}", responses=ERROR_RESPONSES)
+    async def model(model_id: str) -> dict[str, Any]:
+        state.check_model(model_id)  # 404 in OpenAI's shape for any other name
+        return card
 
     app.include_router(v1)
     _open_routes(app, state)
@@ -166,6 +151,9 @@ def _open_routes(app: FastAPI, state: ServeState) -> None:
         except APIError as err:
             return JSONResponse(error_body(503, err.message, code=err.code), status_code=503)
         return JSONResponse({"status": "ok"})
+
+    # HEAD: what load balancers' health checks send (uvicorn drops the body)
+    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
 
     @app.get("/metrics", response_class=Response,
              responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})

@@ -21,7 +21,8 @@ from moefleet.serve.protocol import ErrorResponse
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "invalid_request_error",
-          415: "invalid_request_error", 500: "server_error", 503: "service_unavailable"}
+          415: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
+          503: "service_unavailable"}
 
 #: Declared on every endpoint so the OpenAPI schema documents each status we can return.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -32,6 +32,7 @@ def router() -> APIRouter:
     async def completions(body: CompletionRequest, request: Request) -> Any:
         state = request.app.state.serve
         state.check_model(body.model)
+        refuse_unsupported(body)
         sub = await submit(state, body.prompts(), body, max_tokens=body.max_tokens,
                            logprobs=body.logprobs, echo=body.echo)
         if body.stream:
@@ -42,6 +43,7 @@ def router() -> APIRouter:
     async def chat(body: ChatCompletionRequest, request: Request) -> Any:
         state = request.app.state.serve
         state.check_model(body.model)
+        refuse_unsupported(body)
         msgs = [(m.role, m.text()) for m in body.messages]
         prompt = await state.call(lambda e: chat_prompt(e, msgs))
         lp = (body.top_logprobs or 0) if body.logprobs else None
@@ -51,6 +53,16 @@ def router() -> APIRouter:
         return JSONResponse(await _chat_json(state, sub, body, request))
 
     return r
+
+
+def refuse_unsupported(body: CompletionRequest | ChatCompletionRequest) -> None:
+    """400 naming the first parameter this server would otherwise have to ignore."""
+    bad = body.unsupported()
+    if bad is not None:
+        name, value = bad
+        raise APIError(400, f"{name} is not supported by this server (got "
+                       f"{json.dumps(value)[:80]}); omit it or send its default",
+                       param=name, code="unsupported_parameter")
 
 
 def _sse(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:

@@ -2,11 +2,16 @@
 
 Unknown fields are ignored (OpenAI clients send many); every known field is checked and a
 bad one is answered with 400 naming it. Bounds keep what one request can ask for finite.
+Types are strict (JSON's own types: no booleans as numbers, no numeric strings). OpenAI
+parameters this server does not implement are declared so that a request setting one to
+anything but its neutral value gets a 400 naming it (:meth:`_Sampling.unsupported`),
+never a 200 that silently ignores it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -24,6 +29,8 @@ MAX_CHOICES = 64  # engine requests one API request may start
 MAX_STOP = 16
 MAX_MESSAGES = 256
 MAX_TOKEN_IDS = 65_536
+MAX_LOGIT_BIAS = 1024  # entries in one logit_bias map
+STRICT = ConfigDict(extra="ignore", strict=True)
 
 
 def _utf8(s: str) -> str:
@@ -40,13 +47,50 @@ NonEmpty = Annotated[str, Field(min_length=1), AfterValidator(_utf8)]
 TokenId = Annotated[int, Field(ge=0)]
 
 
+def _absent(v: Any) -> bool:
+    return v is None
+
+
+def _empty(v: Any) -> bool:
+    return v is None or v == [] or v == ""
+
+
+#: OpenAI (and vLLM) parameters not implemented here -> when a value counts as "not set".
+UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
+    "response_format": lambda v: v is None or v == {"type": "text"},
+    "min_p": lambda v: v is None or v == 0, "repetition_penalty": lambda v: v in (None, 1),
+    "min_tokens": lambda v: v in (None, 0), "use_beam_search": lambda v: v in (None, False),
+    "length_penalty": lambda v: v in (None, 1), "guided_json": _absent,
+    "guided_regex": _absent, "guided_choice": _absent, "guided_grammar": _absent,
+    "structured_outputs": _absent, "logits_processors": _empty}
+CHAT_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
+    "tools": _empty, "tool_choice": lambda v: v in (None, "none"), "functions": _empty,
+    "function_call": lambda v: v in (None, "none"), "parallel_tool_calls": _absent,
+    "audio": _absent, "modalities": lambda v: v in (None, ["text"]), "prediction": _absent,
+    "reasoning_effort": _absent, "web_search_options": _absent}
+COMPLETION_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {"suffix": _empty}
+
+
+def _logit_bias(v: dict[str, float] | None) -> dict[str, float] | None:
+    if v is None:
+        return v
+    if len(v) > MAX_LOGIT_BIAS:
+        raise ValueError(f"at most {MAX_LOGIT_BIAS} entries")
+    for k, b in v.items():
+        if not (k.isascii() and k.isdigit()) or len(k) > 9:
+            raise ValueError(f"keys must be token ids written as decimal strings, got {k!r}")
+        if not (math.isfinite(b) and -100 <= b <= 100):
+            raise ValueError(f"biases must be in [-100, 100], got {b!r} for token {k}")
+    return v
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     include_usage: bool = False
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     model: str = Field(min_length=1, max_length=256)
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKEN_IDS)
@@ -61,8 +105,37 @@ class _Sampling(BaseModel):
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     ignore_eos: bool = False
     user: str | None = Field(None, max_length=256)
+    logit_bias: Annotated[dict[str, float] | None, AfterValidator(_logit_bias)] = None
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    # declared only to be refused when set (see UNSUPPORTED); strict Any takes any JSON
+    response_format: Any = None
+    min_p: Any = None
+    repetition_penalty: Any = None
+    min_tokens: Any = None
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    logits_processors: Any = None
 
-    @field_validator("temperature", "top_p")
+    def unsupported(self) -> tuple[str, Any] | None:
+        """The first unimplemented parameter set to a value that would change the output
+        (name, value), or None. The routes answer it with 400."""
+        table = {**UNSUPPORTED, **self._own_unsupported()}
+        for name, neutral in table.items():
+            v = getattr(self, name, None)
+            if not neutral(v):
+                return name, v
+        return None
+
+    def _own_unsupported(self) -> dict[str, Callable[[Any], bool]]:
+        return {}
+
+    @field_validator("temperature", "top_p", "frequency_penalty", "presence_penalty")
     @classmethod
     def _finite(cls, v: float) -> float:
         if not math.isfinite(v):
@@ -99,7 +172,11 @@ class _Sampling(BaseModel):
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
                 "seed": self.seed, "stop": self.stops(),
                 "stop_token_ids": tuple(self.stop_token_ids or ()),
-                "ignore_eos": self.ignore_eos}
+                "ignore_eos": self.ignore_eos,
+                "logit_bias": tuple((int(k), float(b)) for k, b in
+                                    (self.logit_bias or {}).items()),
+                "frequency_penalty": self.frequency_penalty,
+                "presence_penalty": self.presence_penalty}
 
     @property
     def include_usage(self) -> bool:
@@ -114,6 +191,12 @@ class CompletionRequest(_Sampling):
     max_tokens: int | None = Field(16, ge=1, le=MAX_TOKEN_IDS)
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
+    suffix: Any = None
+
+    def _own_unsupported(self) -> dict[str, Callable[[Any], bool]]:
+        # best_of == n draws n and keeps all n: exactly what n alone does
+        return {**COMPLETION_UNSUPPORTED, "best_of": lambda v: v is None or v == self.n}
 
     @field_validator("prompt")
     @classmethod
@@ -150,7 +233,7 @@ class CompletionRequest(_Sampling):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: Text | list[dict[str, Any]] | None = None
     name: str | None = Field(None, max_length=256)
@@ -178,6 +261,19 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKEN_IDS)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
+
+    def _own_unsupported(self) -> dict[str, Callable[[Any], bool]]:
+        return CHAT_UNSUPPORTED
 
     @model_validator(mode="after")
     def _checks(self) -> ChatCompletionRequest:
@@ -190,7 +286,7 @@ class ChatCompletionRequest(_Sampling):
 
 
 class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     model: str | None = Field(None, max_length=256)
     prompt: Text | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
@@ -204,7 +300,7 @@ class TokenizeRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     model: str | None = Field(None, max_length=256)
     tokens: list[TokenId] = Field(max_length=MAX_TOKEN_IDS)
 

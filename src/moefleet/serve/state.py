@@ -28,6 +28,7 @@ class ServeState:
     max_waiting: int = DEFAULT_MAX_WAITING
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     default_max_tokens: int | None = None  # None: whatever room the context leaves
+    gated: bool = False  # an AdmissionGate bounds the requests in flight (serve/admission)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -49,8 +50,13 @@ class ServeState:
                            code="engine_stalled", headers={"Retry-After": "5"})
 
     def admit(self) -> None:
-        """Shed load before it queues: 503 + Retry-After once the waiting queue is full."""
+        """Without the admission gate (the old behaviour, kept selectable to compare):
+        shed load after the body was parsed, 503 + Retry-After 1 once the engine's
+        waiting queue is full. With the gate, the gate has already bounded what is in
+        flight, so only the engine's health is checked here."""
         self.check_alive()
+        if self.gated:
+            return
         if self.worker.num_waiting + self.worker.pending >= self.max_waiting:
             self.metrics.rejected.labels(self.model_name).inc()
             raise APIError(503, f"server overloaded: {self.worker.num_waiting} requests "

@@ -66,6 +66,10 @@ async def submit(state: ServeState, prompts: list[str | list[int]], body: Any, *
     if bad:
         raise APIError(400, f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})",
                        param="stop_token_ids", code="invalid_value")
+    biased = [t for t, _ in kw["logit_bias"] if t >= vocab]
+    if biased:
+        raise APIError(400, f"logit_bias token ids {biased[:5]} are outside the vocabulary "
+                       f"[0, {vocab})", param="logit_bias", code="invalid_value")
     if kw["top_k"] > vocab:
         kw["top_k"] = 0  # more than the vocabulary keeps every token anyway
     worker = state.worker
