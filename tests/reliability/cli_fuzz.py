@@ -86,8 +86,8 @@ COMMANDS: dict[str, tuple[list[str], dict[str, tuple[str, str]]]] = {
                                "-o": ("dep.json", "out")}),
     "demo": (["--quick"], {"--platform": ("aws-lambda-2020", "str"),
                            "--traffic": ("wikitext2", "str"), "--iterations": ("2", "int"),
-                           "--workers": ("1", "int"), "--slo": ("30", "float"),
-                           "-o": ("demo", "out")}),
+                           "--workers": ("1", "int"), "--slo": ("30", "float")}),
+    # (demo's -o is a folder: an existing one such as "adir" is valid, so it is not fuzzed)
     "models info": (["tiny-mixtral-random"], {}),
     # commands that serve, generate, scale, export and distill (model loads are blocked:
     # a hostile value must be refused before any model is built or loaded)
@@ -118,6 +118,13 @@ COMMANDS: dict[str, tuple[list[str], dict[str, tuple[str, str]]]] = {
         "--checkpoint": ("ck.pt", "in"), "--baselines": ("static", "str"),
         "--pattern": ("bursty", "str"), "--windows": ("1", "int"), "-o": ("ev.json", "out")}),
     "autoscale convert-checkpoint": (["ck.pt", "new.safetensors"], {}),
+    # -o is a folder for compare, so "adir" would be a valid hostile value: left out
+    "compare": ([], {
+        "--model": ("tiny-moe-lm", "str"), "--traffic": ("poisson:rate=1", "str"),
+        "--platform": ("aws-lambda", "str"), "--slo-ttft": ("1", "posfloat"),
+        "--slo-tpot": ("0.2", "posfloat"), "--duration": ("60", "posfloat"),
+        "--rate-scale": ("1", "posfloat"), "--measure": ("0", "int"), "--seed": ("0", "int")}),
+    "report": (["results-dir"], {}),
     "export": (["plan.yaml"], {"--format": ("knative", "str"), "-o": ("svc.yaml", "out")}),
     "brownout distill": ([], {
         "--model": ("tiny-moe-lm-e32", "str"), "--ways": ("2", "str"),
@@ -130,7 +137,7 @@ COMMANDS: dict[str, tuple[list[str], dict[str, tuple[str, str]]]] = {
         "--activation": ("act.npy", "in"), "--n-in": ("16", "int"), "--n-out": ("8", "int"),
         "-o": ("r.yaml", "out")}) for policy in ("remoe", "cpu", "gpu", "mix", "fetch")},
 }
-POSITIONAL_KIND = {"autoscale convert-checkpoint": "in", "plan show": "in",
+POSITIONAL_KIND = {"autoscale convert-checkpoint": "in", "plan show": "in", "report": "in",
                    "traces show": "in", "platforms show": "str",
                    "deploy": "in", "models info": "str", "export": "in"}
 MODEL_LOAD = "FUZZ-MODEL-LOAD-REACHED"

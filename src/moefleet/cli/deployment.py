@@ -111,6 +111,12 @@ def parse(*, plan: str | None, backend: str, store: str | None, workers: int | N
             raise MoefleetError(f"unknown backend {backend!r}",
                                 f"available backends: {', '.join(backend_names())}")
         args.plan = DeploymentPlan.load(plan)
+        if dtype not in ("auto", "float32"):
+            # deploy uploads the checkpoint's float32 weights and the functions compute
+            # in float32: the engine's side must hand them float32 activations
+            raise MoefleetError(f"--dtype {dtype} does not combine with --plan: a plan's "
+                                "functions run float32 weights",
+                                "drop --dtype (or use --dtype float32) with --plan")
         if args.plan.main is not None:
             from moefleet.runtime.main_model import main_device
 
@@ -122,7 +128,9 @@ def load_model(model: str, args: DeploymentArgs) -> MoEModelAdapter:
     """The model in ``--dtype``, a real shape built directly on ``--device``."""
     from moefleet.models.registry import load_adapter
 
-    return load_adapter(model, dtype=args.dtype, device=args.device)
+    # with a plan, "auto" keeps the checkpoint's dtype: the functions compute in it too
+    dtype = None if args.plan is not None and args.dtype == "auto" else args.dtype
+    return load_adapter(model, dtype=dtype, device=args.device)
 
 
 class DistillProgress:

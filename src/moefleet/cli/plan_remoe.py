@@ -95,7 +95,7 @@ def make_remoe_plan(*, policy: str, model: str | None, platform: str,
     dims = _dims(name)
     s_LE = load_activation(activation, name)
     spec = load_platform(platform)
-    rspec = load_platform(remote_platform) if remote_platform else None
+    rspec = load_platform(remote_platform) if remote_platform is not None else None
     if timing is not None:
         try:
             t = Timing(**json.loads(timing.read_text()))

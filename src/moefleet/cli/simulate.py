@@ -141,7 +141,8 @@ def run_simulation(*, plan_path: Path | None, model: str | None, memory: int | N
 
         check_not_remoe(plan)
     model_name = plan.model if plan is not None else str(model)
-    spec = load_platform(platform or (plan.platform if plan is not None else DEFAULT_PLATFORM))
+    spec = load_platform(platform if platform is not None  # '' is a bad name, not a default
+                         else (plan.platform if plan is not None else DEFAULT_PLATFORM))
     profile, facts = _profile_and_shape(model_name, profile_path, json_mode)
     router = None
     if trace_path is not None:

@@ -126,8 +126,9 @@ def build_scenario(model: str, platform: str, traffic: str, *, slo_ttft_s: float
     """Resolve every input (a bad one raises a one-line error before any work).
     ``dims`` (optional) is the shape of ``model`` when the caller has it already."""
     for name, v in (("--slo-ttft", slo_ttft_s), ("--slo-tpot", slo_tpot_s)):
-        if not (math.isfinite(v) and v > 0):
-            raise MoefleetError(f"{name} must be > 0 seconds, got {v!r}", f"e.g. {name} 1.0")
+        if not (math.isfinite(v) and 0 < v <= 3600):
+            raise MoefleetError(f"{name} must be in (0, 3600] seconds, got {v!r}",
+                                f"e.g. {name} 1.0")
     dims = dims or resolve_dims(model)
     spec = load_platform(platform)
     tr = load_traffic(traffic, duration_s, rate_scale=rate_scale, seed=seed,

@@ -34,6 +34,8 @@ KINDS = ("azure-llm:conv", "azure-llm:code", "azure-fn-2019:<pattern>",
          "azure-fn-2021:<pattern>", "poisson:rate=R")
 MAX_PROMPT = 4096  # longer prompts are clipped (the shapes' context windows)
 MAX_OUTPUT = 1024
+MAX_RATE_SCALE = 1000.0  # a trace replayed 1,000x faster is already far past any platform
+MAX_ARRIVALS = 2_000_000  # requests in one run: bounds the memory a rate can ask for
 FALLBACK_PROMPT, FALLBACK_OUTPUT = 1020, 129  # conv medians, where the trace is missing
 
 
@@ -94,8 +96,9 @@ def _pattern(spec: str, value: str) -> str:
 def load_traffic(spec: str, duration_s: float, *, rate_scale: float = 1.0, seed: int = 0,
                  interval_s: float = 10.0) -> Traffic:
     """The arrivals of ``spec`` over ``[0, duration_s)``; see the module docstring."""
-    if not (math.isfinite(rate_scale) and rate_scale > 0):
-        raise MoefleetError(f"--rate-scale must be > 0, got {rate_scale!r}", "e.g. --rate-scale 2")
+    if not (math.isfinite(rate_scale) and 0 < rate_scale <= MAX_RATE_SCALE):
+        raise MoefleetError(f"--rate-scale must be in (0, {MAX_RATE_SCALE:g}], got "
+                            f"{rate_scale!r}", "e.g. --rate-scale 2")
     if not (math.isfinite(duration_s) and duration_s > 0):
         raise MoefleetError(f"--duration must be > 0 seconds, got {duration_s!r}",
                             "e.g. --duration 600")
@@ -118,6 +121,10 @@ def load_traffic(spec: str, duration_s: float, *, rate_scale: float = 1.0, seed:
         if key != "rate" or not (math.isfinite(r) and r > 0):
             raise _bad(spec, "give a rate > 0 as poisson:rate=R")
         r *= rate_scale
+        if r * duration_s > MAX_ARRIVALS:  # bound the arrivals before drawing them
+            raise MoefleetError(f"traffic '{spec}' x --rate-scale {rate_scale:g} over "
+                                f"{duration_s:g} s is {r * duration_s:.3g} requests, over "
+                                f"{MAX_ARRIVALS:,}", "lower the rate, --rate-scale or --duration")
         rng = np.random.default_rng(seed)
         n = int(rng.poisson(r * duration_s))
         times = np.sort(rng.uniform(0.0, duration_s, n))
