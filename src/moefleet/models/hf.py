@@ -13,6 +13,7 @@ and Qwen2-MoE's gated shared expert belong to the non-expert segment.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +26,12 @@ from moefleet.models.base import ForwardContext, MoEModelAdapter
 from moefleet.models.experts import GatedExpert
 from moefleet.models.kv import StepCacheView
 from moefleet.models.step import StepInput
+
+# transformers >= 5.24 renames the attention's ``past_key_values`` argument to ``cache``
+# and warns on every forward; we pass the name every 5.x accepts, so the notice is noise
+# in the CLI's output (revisit when the supported range moves past the rename).
+warnings.filterwarnings("ignore", message=r".*`past_key_values` is deprecated",
+                        category=FutureWarning)
 
 # architecture class name -> family name
 HF_FAMILIES: dict[str, str] = {
