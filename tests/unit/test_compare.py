@@ -132,7 +132,7 @@ def test_compare_cpu_platform_says_why_gpu_rows_are_absent() -> None:
     (["--model", "nope"], "unknown model shape 'nope'"),
     (["--platform", "nope"], "nope"),
     (["--traffic", "nope"], "unknown traffic 'nope'"),
-    (["--slo-ttft", "0"], "--slo-ttft must be > 0"),
+    (["--slo-ttft", "0"], "--slo-ttft must be in (0, 3600]"),
 ])
 def test_compare_bad_input_one_line(args: list[str], words: str) -> None:
     res = runner.invoke(app, ["compare", *FAST, *args])

@@ -93,7 +93,11 @@ class StepInput:
 
     def valid_index(self) -> torch.Tensor:
         """Flat positions (``b * T + t``) of the real tokens, row-major, on the step's
-        device; built from the host lengths (indexing by it reads nothing back)."""
+        device; built from the host lengths (indexing by it reads nothing back). A step
+        built from a mask (``host_lengths`` None: a layer-wise prefill whose padding may
+        sit anywhere, e.g. on the left) takes the mask's positions instead."""
+        if self.host_lengths is None:
+            return self.valid_BT.reshape(-1).nonzero().squeeze(1)
         T = self.valid_BT.shape[1]
         idx = [b * T + t for b, n in enumerate(self.lengths) for t in range(n)]
         return torch.tensor(idx, dtype=torch.long, device=self.valid_BT.device)
