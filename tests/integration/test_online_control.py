@@ -94,9 +94,13 @@ def test_online_run_applies_decisions_and_the_simulator_replays_it(tmp_path: Pat
     assert applied["exp-0-1"] == FunctionConfig(2048, 1, 1)
     assert applied["exp-1-2"] == FunctionConfig(floor["exp-1-2"], 2, 1)  # clamped, not raw
     assert log.clamped_floor == 1
-    late = [r for r in log.records if r.function == "exp-0-1" and r.start_s > 0]
-    # the requests after the decision ran on the new memory, the first of them cold
-    assert late and late[-1].memory_mb == 2048 and any(r.cold for r in late)
+    # Every request dispatched after the decision was applied ran exp-0-1 on the new
+    # memory, the first such call cold. Requests are picked by arrival, not by record
+    # order: under load an earlier request (old memory) can finish after later ones.
+    applied_at = next(t for t, name, _ in log.applied if name == "exp-0-1") - log.t0
+    after = {a.request_id for a in arrivals if a.t_s > applied_at}
+    late = [r for r in log.records if r.function == "exp-0-1" and r.request_id in after]
+    assert late and all(r.memory_mb == 2048 for r in late) and any(r.cold for r in late)
     assert {r.memory_mb for r in log.records if r.function == "exp-1-2"} >= {floor["exp-1-2"]}
 
     tokens = token_counts(batches)

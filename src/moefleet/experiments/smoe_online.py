@@ -35,7 +35,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from moefleet.autoscale.errors import AutoscaleError
@@ -198,7 +198,10 @@ def run_measured(sc: Scenario, plans: tuple[DeploymentPlan, DeploymentPlan], ada
                     lanes.put(mine)
                 log.latencies[a.request_id] = res.latency_s
                 log.calls[a.request_id] = len(res.records)
-                log.records.extend(res.records)
+                # a one-request batch: every call is this request's (the simulator's
+                # records name theirs, so both logs can be compared per request)
+                log.records.extend(replace(r, request_id=r.request_id or a.request_id)
+                                   for r in res.records)
                 loop.request_finished(res.latency_s, res.records, a.request_id)
 
             pids = backend.worker_pids  # type: ignore[attr-defined]

@@ -110,8 +110,14 @@ class SimEngine:
 @dataclass(frozen=True)
 class StepTimeModel:
     """Seconds of one engine step: ``base + per_token * tokens + per_row * rows``, fitted
-    by least squares to an engine's measured steps (how real runs parametrise the
-    simulator)."""
+    to an engine's measured steps (how real runs parametrise the simulator).
+
+    The fit is robust (Huber loss, by iteratively reweighted least squares): a few steps
+    the machine stalled on (a GC pause, another process on the core) would pull a plain
+    least-squares fit up and make every simulated step slower than the engine's typical
+    one. Residuals within ``1.345`` robust standard deviations (from the median absolute
+    deviation) count fully, larger ones with weight falling as ``1/|r|``.
+    """
 
     base_s: float
     per_token_s: float
@@ -121,7 +127,7 @@ class StepTimeModel:
         return max(0.0, self.base_s + self.per_token_s * tokens + self.per_row_s * rows)
 
     @classmethod
-    def fit(cls, steps: list[tuple[int, int, float]]) -> StepTimeModel:
+    def fit(cls, steps: list[tuple[int, int, float]], *, iterations: int = 20) -> StepTimeModel:
         """``steps``: (tokens, rows, seconds) of measured engine steps (>= 3)."""
         import numpy as np
 
@@ -129,7 +135,20 @@ class StepTimeModel:
             raise ValueError(f"need >= 3 measured steps to fit a step-time model, got {len(steps)}")
         a = np.array([[1.0, t, r] for t, r, _ in steps])
         y = np.array([s for _, _, s in steps])
-        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+        w = np.ones_like(y)
+        coef = np.zeros(3)
+        for _ in range(iterations):
+            sw = np.sqrt(w)
+            coef, *_ = np.linalg.lstsq(a * sw[:, None], y * sw, rcond=None)
+            r = y - a @ coef
+            sigma = 1.4826 * float(np.median(np.abs(r - np.median(r))))
+            if sigma <= 0.0:  # (near-)exact fit: nothing to down-weight
+                break
+            k = 1.345 * sigma
+            w_new = np.minimum(1.0, k / np.maximum(np.abs(r), 1e-300))
+            if np.allclose(w_new, w, rtol=1e-6, atol=1e-9):
+                break
+            w = w_new
         return cls(float(coef[0]), float(coef[1]), float(coef[2]))
 
 
