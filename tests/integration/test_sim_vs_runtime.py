@@ -5,7 +5,8 @@ with ``node_slots=1``). Requests alternate between a calibration set and a valid
 set, so both see the same machine load. The simulator is calibrated on the first set
 (warm start = invoke round trip, per-kind handler overhead, cold start) with the model's
 measured compute profile and the requests' recorded routing, then must reproduce the
-second set's mean latency and billed cost within ±15%.
+second set's mean latency and billed cost within ±15%. Requests the machine stalled on
+(over twice the warm median) are left out of both sets, and may be at most a tenth.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ MODEL = "tiny-mixtral-random"
 MEMORY_MB = 1769  # exactly 1 vCPU on aws-lambda: the local worker runs one torch thread
 REQUESTS = 40
 TOLERANCE = 0.15
+STALL = 2.0  # a warm request this many times the warm median stalled (see the test)
 
 
 def _run_runtime(tmp: Path) -> dict[str, Any]:
@@ -96,8 +98,18 @@ def test_simulator_matches_local_runtime(tmp_path: Path) -> None:
     data = _run_runtime(tmp_path)
     runs = data["runs"]
     assert len(runs) >= 20
+    # A warm request that took over twice the warm median stalled on the machine (another
+    # process, a GC pause): no simulator predicts that, and one such request in one half
+    # moves that half's mean by more than the tolerance. Stalls are dropped from both
+    # halves, and more than a tenth of them fails the test (a slow runtime is no stall).
+    warm = [lat for _, _, lat, recs in runs if not any(r.cold for r in recs)]
+    cut = STALL * statistics.median(warm)
+    stalled = {rid for rid, _, lat, recs in runs
+               if lat > cut and not any(r.cold for r in recs)}
+    assert len(stalled) <= len(runs) // 10, f"{len(stalled)} of {len(runs)} requests stalled"
     # Calibrate on the even requests (the first, cold one included), validate on the odd.
-    calib, valid = runs[0::2], runs[1::2]
+    calib = [r for r in runs[0::2] if r[0] not in stalled]
+    valid = [r for r in runs[1::2] if r[0] not in stalled]
     measured = MeasuredRun([lat for _, _, lat, _ in calib],
                            [r for *_, recs in calib for r in recs])
     bare = _simulate(data, calib, None)
@@ -114,7 +126,8 @@ def test_simulator_matches_local_runtime(tmp_path: Path) -> None:
     assert sim.bill is not None
     sim_cost = sum(c.total for rid, c in sim.bill.by_request.items() if rid in ids)
     real_cost = _cost([r for *_, recs in valid for r in recs], data["platform"])
-    print(f"{cal}\nmean latency: sim {sim_lat * 1e3:.2f} ms, real {real_lat * 1e3:.2f} ms; "
+    print(f"{cal}\n{len(stalled)} stalled requests dropped; "
+          f"mean latency: sim {sim_lat * 1e3:.2f} ms, real {real_lat * 1e3:.2f} ms; "
           f"cost: sim {sim_cost:.4g}, real {real_cost:.4g} USD")
     assert sim_lat == pytest.approx(real_lat, rel=TOLERANCE)
     assert sim_cost == pytest.approx(real_cost, rel=TOLERANCE)
