@@ -35,6 +35,17 @@ def find_trace_file(folder: str, filename: str, path: str | os.PathLike[str] | N
     )
 
 
+def portable(path: Path) -> str:
+    """``path`` as results should record it: ``data:<folder>/<file>`` when it lies in a
+    shared data directory (the same on every machine with the data), else as given (a
+    file the user pointed at). Keeps this machine's layout out of committed results."""
+    resolved = path.resolve()
+    for d in shared_data_dirs():
+        if resolved.is_relative_to(d):
+            return f"data:{resolved.relative_to(d).as_posix()}"
+    return str(path)
+
+
 def file_key(path: Path) -> tuple[str, int, int]:
     """A cache key that changes when the file does (resolved path, mtime, size)."""
     st = path.stat()

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from moefleet.errors import DataError, MoefleetError, UnknownNameError
-from moefleet.workloads._data import file_key, find_trace_file
+from moefleet.workloads._data import file_key, find_trace_file, portable
 from moefleet.workloads.base import (
     Arrival,
     Workload,
@@ -262,5 +262,5 @@ class AzureFunctionsWorkload(Workload):
             "trace_duration_s": self.trace_duration_s,
             "invocations": total,
             "mean_rate_rps": total * self.scale / self.trace_duration_s,
-            "path": str(tr.path),
+            "path": portable(tr.path),
         }

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from moefleet.errors import DataError, MoefleetError
-from moefleet.workloads._data import file_key, find_trace_file
+from moefleet.workloads._data import file_key, find_trace_file, portable
 from moefleet.workloads.base import (
     Arrival,
     Workload,
@@ -158,5 +158,5 @@ class AzureLLMWorkload(Workload):
             "trace_duration_s": self.trace_duration_s,
             "mean_rate_rps": (n - 1) / self.trace_duration_s if self.trace_duration_s else None,
             "start_timestamp": self.trace.start,
-            "path": str(self.trace.path),
+            "path": portable(self.trace.path),
         }
