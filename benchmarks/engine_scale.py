@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hf_baseline import hf_generate, run_hf, sync  # benchmarks/ is on sys.path when run as a script
 
 from moefleet.brownout.united import averaged_united
 from moefleet.compose import StackOptions, in_process_engine
@@ -73,17 +74,12 @@ def copy_bandwidth(device: torch.device, nbytes: int = 512 << 20) -> float:
     dst.copy_(src)
     times = []
     for _ in range(5):
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         dst.copy_(src)
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - t0)
     return 2 * nbytes / statistics.median(times)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class StepBytes:
@@ -128,7 +124,7 @@ def run_engine(adapter: Any, ids: list[list[int]], lens: list[int], a: argparse.
             decode_rows.append(st.num_rows)
         for o in outs:
             merge_into(merged[o.request_id], o)
-    _sync(torch.device(a.device))
+    sync(torch.device(a.device))
     wall = time.perf_counter() - t0
     tokens = sum(lens)
     steps = eng.stats.steps
@@ -166,36 +162,6 @@ def host_reads(adapter: Any, ids: list[list[int]], a: argparse.Namespace,
             counts.append(reads.count)
     return {"host_reads_per_decode_step_max": max(counts, default=None),
             "host_reads_per_decode_step_median": statistics.median(counts) if counts else None}
-
-
-def hf_generate(model: Any, batch: list[list[int]], new: int, device: str) -> list[list[int]]:
-    width = max(len(p) for p in batch)
-    ids = torch.zeros(len(batch), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(batch):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    with torch.no_grad():
-        out = model.generate(ids.to(device), attention_mask=mask.to(device),
-                             max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                             pad_token_id=0)
-    return out[:, width:].tolist()
-
-
-def run_hf(model: Any, ids: list[list[int]], lens: list[int], size: int,
-           device: str) -> tuple[list[list[int]], float, list[int]]:
-    """Batches of ``size`` (1: one request at a time): (tokens, wall, rows of each decode
-    step: a static batch steps every row until its longest request is done)."""
-    got: list[list[int]] = []
-    steps: list[int] = []
-    t0 = time.perf_counter()
-    for s in range(0, len(ids), size):
-        b, n = ids[s: s + size], lens[s: s + size]
-        rows = hf_generate(model, b, max(n), device)
-        got += [r[:k] for r, k in zip(rows, n, strict=True)]
-        steps += [len(b)] * (max(n) - 1)  # the first token comes from the prefill
-    _sync(torch.device(device))
-    return got, time.perf_counter() - t0, steps
 
 
 def load_rss(model: str, dtype: str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from hf_baseline import run_hf  # benchmarks/ is on sys.path when run as a script
 
 from moefleet.compose.presets import build_engine
 from moefleet.data.registry import load_prompts
@@ -67,35 +68,6 @@ def run_engine(adapter, ids, lens, kernel: str, max_num_seqs: int, device: str):
         "steps_at_max_num_seqs": len(full)}
 
 
-def hf_generate(model, batch: list[list[int]], new: int, device: str) -> list[list[int]]:
-    """Left-padded greedy batch; returns each row's generated tokens."""
-    width = max(len(p) for p in batch)
-    ids = torch.zeros(len(batch), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(batch):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    out = model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=new,
-                         do_sample=False, pad_token_id=0)
-    return out[:, width:].tolist()
-
-
-def run_static(model, ids, lens, size: int, device: str):
-    got: list[list[int]] = []
-    t0 = time.perf_counter()
-    for s in range(0, len(ids), size):
-        b, n = ids[s: s + size], lens[s: s + size]
-        rows = hf_generate(model, b, max(n), device)
-        got += [r[:k] for r, k in zip(rows, n, strict=True)]
-    return got, time.perf_counter() - t0
-
-
-def run_sequential(model, ids, lens, device: str):
-    t0 = time.perf_counter()
-    got = [hf_generate(model, [p], n, device)[0] for p, n in zip(ids, lens, strict=True)]
-    return got, time.perf_counter() - t0
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny-moe-lm")
@@ -125,11 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         res["runs"][f"engine_{kernel}"] = {"wall_s": wall, "tokens_per_s": tokens / wall,
                                            **extra}
         print(f"engine ({kernel}): {tokens / wall:.1f} tok/s", flush=True)
-    static, wall = run_static(model, ids, lens, a.max_num_seqs, a.device)
+    static, wall, _ = run_hf(model, ids, lens, a.max_num_seqs, a.device)
     res["runs"]["hf_static"] = {"wall_s": wall, "tokens_per_s": tokens / wall}
     print(f"hf static: {tokens / wall:.1f} tok/s", flush=True)
     k = a.sequential
-    seq, wall = run_sequential(model, ids[:k], lens[:k], a.device)
+    seq, wall, _ = run_hf(model, ids[:k], lens[:k], 1, a.device)
     res["runs"]["hf_sequential"] = {"wall_s": wall, "tokens_per_s": sum(lens[:k]) / wall,
                                     "prompts": k}
     print(f"hf sequential ({k} prompts): {sum(lens[:k]) / wall:.1f} tok/s", flush=True)

@@ -70,3 +70,16 @@ def small_mixtral_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op torch thread for a test module (its module-scoped fixtures included:
+    ``usefixtures`` names come first): on tiny tensors a second thread only adds hand-off
+    waits, which grow to seconds per op on an oversubscribed 2-core machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -59,14 +59,7 @@ def _batch(vocab: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     return ids_BT, mask_BT
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Any:
-    # These tensors are tiny: a second intra-op thread only adds hand-off waits, which
-    # grow to seconds per op when the machine is oversubscribed.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

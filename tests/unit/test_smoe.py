@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -24,14 +23,7 @@ from moefleet.control import FunctionConfig, FunctionMetrics, MetricsSnapshot
 from moefleet.plan.plan import DeploymentPlan
 from moefleet.sim.synthetic import SyntheticModel
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    # Tiny networks: thread hand-offs cost more than they save on a shared 2-core box.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 SPACE = ConfigSpace(memory_mb=(256, 1024, 4096), replicas=(1, 2), concurrency=(1, 4))

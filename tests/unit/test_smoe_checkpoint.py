@@ -27,12 +27,7 @@ KW: dict[str, Any] = dict(setup=SETUP, space=SPACE, spec=ActorSpec(hidden=8), de
                           validate_every=1)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():  # type: ignore[no-untyped-def]
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -24,12 +24,7 @@ TINY = "synthetic:blocks=2,experts=2,top_k=1,hidden=64,decoder=0"
 SPACE = ConfigSpace(memory_mb=(512, 2048), replicas=(1, 2), concurrency=(1, 2))
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():  # type: ignore[no-untyped-def]
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _ckpt(tmp_path: Path, setup: TrainSetup, space: ConfigSpace = SPACE) -> Path:

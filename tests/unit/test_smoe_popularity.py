@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from moefleet.autoscale.smoe import ActorSpec, ConfigSpace, DDPGConfig, SmoeAgent, SmoeController
 from moefleet.autoscale.smoe.graph import PipelineDAG
@@ -30,12 +28,7 @@ SPACE = ConfigSpace(memory_mb=(1024, 4096), replicas=(1, 2, 4), concurrency=(1, 
 RULE = PopRule(1.25, FunctionConfig(4096, 1, 2), max_replicas=4)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _snapshot(dag: PipelineDAG, shares: dict[str, float], config: FunctionConfig,
