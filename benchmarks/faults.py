@@ -49,13 +49,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "faults.json"
 
 
-def batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
-    out = []
-    for s in range(n):
-        g = torch.Generator().manual_seed(1000 + s)
-        ids = torch.randint(0, 1000, (1, 8), generator=g)
-        out.append((ids, torch.ones_like(ids), [f"req-{s}"]))
-    return out
+def prompts(n: int) -> list[list[int]]:
+    """``n`` prompts of 8 token ids, seeded."""
+    return [torch.randint(0, 1000, (8,), generator=torch.Generator().manual_seed(1000 + s))
+            .tolist() for s in range(n)]
 
 
 def make_backend(name: str, spec: Any, tmp: str) -> tuple[Any, Any]:
@@ -119,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     kinds = args.kinds.split(",")
     spec = load_platform("aws-lambda")
     adapter = HFMoEAdapter(tiny_model("mixtral"))
-    work = batches(args.requests)
+    work = prompts(args.requests)
     runs: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     from faults_serving import engine_runs, http_runs  # this script's directory
@@ -139,17 +136,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             try:
                 dep = deploy_plan(model, plan, spec, store, backend=backend)
                 # Warm every instance the requests touch: cold starts are not faults.
-                run_under_faults(dep, backend, store, spec, FaultPlan("none", 0.0), work,
-                                 model)
-                base = run_under_faults(dep, backend, store, spec, FaultPlan("none", 0.0),
-                                        work, model).to_dict()
+                run_under_faults(model, dep, backend, store, spec, FaultPlan("none", 0.0),
+                                 work)
+                base = run_under_faults(model, dep, backend, store, spec,
+                                        FaultPlan("none", 0.0), work).to_dict()
                 base.update(kind="none", backend=backend_name)
                 runs.append(base)
                 for kind in kinds:
                     for rate in rates:
-                        r = run_under_faults(dep, backend, store, spec,
-                                             FaultPlan(kind, rate, seed=args.seed), work,
-                                             model).to_dict()
+                        r = run_under_faults(model, dep, backend, store, spec,
+                                             FaultPlan(kind, rate, seed=args.seed),
+                                             work).to_dict()
                         r["backend"] = backend_name
                         for key in ("latency_p50_s", "latency_p95_s", "cost_usd"):
                             r[f"added_{key}"] = r[key] - base[key]

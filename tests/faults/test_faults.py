@@ -48,7 +48,7 @@ def _prompts(n: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("kind", ["crash", "timeout", "throttle", "straggler", "store-503",
-                                  "store-drop"])
+                                  "store-drop", "mixed"])
 def test_no_request_is_lost_and_failed_attempts_are_billed(
         kind: str, setup: tuple) -> None:
     platform, store, adapter, backend, dep = setup
@@ -71,6 +71,36 @@ def test_retried_uploads_never_duplicate_objects(tmp_path) -> None:  # type: ign
     assert inner.list("k/") == sorted(f"k/{i}" for i in range(20))
     assert all(inner.get(f"k/{i}") == bytes([i]) * 10 for i in range(20))
     assert store.retries >= 1
+
+
+def test_mixed_store_faults_raise_both_failures(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    faulty = store_faults(LocalObjectStore(tmp_path), FaultPlan("mixed", rate=0.5, seed=2))
+    seen: set[type] = set()
+    for i in range(40):
+        try:
+            faulty.put(f"k/{i}", b"x")
+        except (StoreUnavailableError, ConnectionResetError) as err:
+            seen.add(type(err))
+    assert seen == {StoreUnavailableError, ConnectionResetError}
+    assert 5 <= faulty.injected <= 35
+
+
+def test_the_soak_benchmark_loses_nothing_under_mixed_faults(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """benchmarks/faults_soak.py at a few seconds (the figure runs 30 minutes)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "soak.json"
+    subprocess.run([sys.executable, str(root / "benchmarks" / "faults_soak.py"), "--minutes",
+                    "0.15", "--rate", "0.2", "--capacity-requests", "8", "--out", str(out)],
+                   check=True, timeout=240, cwd=root)
+    soak = json.loads(out.read_text())["soak"]
+    assert soak["accepted"] >= 2 and soak["lost"] == 0 and soak["faults_injected"] >= 1
+    assert soak["completed"] + soak["failed"] == soak["accepted"]
+    assert soak["outputs_equal_monolithic"] == soak["completed"]
 
 
 def test_retry_policy_honours_retry_after_and_stops() -> None:

@@ -27,7 +27,7 @@ from moefleet.plan import DeploymentPlan
 from moefleet.platform import ObjectStore, PlatformSpec
 from moefleet.runtime.base import FunctionBackend
 from moefleet.runtime.deploy import MAIN_KV_MB, Deployment
-from moefleet.runtime.faults import BACKEND_FAULTS, FaultPlan, FaultyBackend
+from moefleet.runtime.faults import FaultPlan, FaultyBackend
 from moefleet.runtime.handlers import MB
 from moefleet.runtime.lifecycle import deployed_backend
 from moefleet.runtime.segments import SegmentRunner
@@ -114,7 +114,7 @@ def split_faults(faults: FaultPlan | None, has_functions: bool
     backend when there are functions; the rest (stall, error) to the seam."""
     if faults is None or faults.kind == "none":
         return None, None
-    if has_functions and faults.kind in BACKEND_FAULTS:
+    if has_functions and faults.hits_backend:
         return faults, None
     return None, faults
 

@@ -22,7 +22,6 @@ from moefleet.platform import Meter, ObjectStore, PlatformSpec
 from moefleet.runtime.base import FunctionBackend
 from moefleet.runtime.deploy import Deployment
 from moefleet.runtime.faults import (
-    BACKEND_FAULTS,
     EMULATED,
     FaultPlan,
     FaultyBackend,
@@ -84,7 +83,7 @@ def run_under_faults(adapter: MoEModelAdapter, dep: Deployment, backend: Functio
     fstore = store_faults(store, plan)
     before = len(backend.records())
     run = FaultRun(backend.name, plan.kind, plan.rate)
-    stack = StackOptions(faults=plan if plan.kind in BACKEND_FAULTS else None)
+    stack = StackOptions(faults=plan if plan.hits_backend else None)
     longest = max(len(p) for p in prompts)
     with open_engine(adapter, plan=dep, stack=stack, backend=backend,
                      store=RetryingStore(fstore, seed=plan.seed), platform=platform,

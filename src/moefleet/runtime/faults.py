@@ -14,7 +14,9 @@ seeded fraction ``rate`` of invocations, injects one fault of a :class:`FaultPla
                TooManyRequestsException: not run, not billed);
 ``straggler``  the call is delayed by ``straggle_s`` before it reaches the function
                (emulated slow start: added latency; the delay is outside the handler, so
-               it is not billed — a real slow instance would also bill it).
+               it is not billed — a real slow instance would also bill it);
+``mixed``      each injected fault is one of the four above, drawn (seeded) per fault;
+               the store then fails with 503 or a dropped connection, drawn per failure.
 
 :class:`FaultyExperts` wraps an in-process ``ExpertFn`` (the engine's expert seam) and,
 for a seeded fraction of expert calls, injects ``crash`` (the call raises
@@ -69,7 +71,8 @@ BACKEND_FAULTS = ("crash", "timeout", "throttle", "straggler")
 STORE_FAULTS = ("store-503", "store-drop")
 EXPERT_FAULTS = ("crash", "timeout", "throttle", "straggler", "stall", "error")
 FAULT_KINDS = BACKEND_FAULTS + STORE_FAULTS
-EMULATED = {"timeout", "throttle", "straggler", "stall", "error"}
+MIXED = "mixed"  # every backend and store fault, drawn per injected fault
+EMULATED = {"timeout", "throttle", "straggler", "stall", "error", MIXED}
 
 
 class InjectedThrottle(ThrottledError):
@@ -95,12 +98,22 @@ class FaultPlan:
     stall_s: float = 30.0
 
     def __post_init__(self) -> None:
-        kinds = sorted(set(FAULT_KINDS + EXPERT_FAULTS))
+        kinds = sorted({*FAULT_KINDS, *EXPERT_FAULTS, MIXED})
         if self.kind not in kinds and self.kind != "none":
             raise MoefleetError(f"unknown fault kind {self.kind!r}",
                                 f"use one of: {', '.join(kinds)}")
         if not 0.0 <= self.rate <= 1.0:
             raise MoefleetError(f"fault rate must be in [0, 1], got {self.rate}")
+
+    @property
+    def hits_backend(self) -> bool:
+        """Injected at the function backend (:class:`FaultyBackend`)."""
+        return self.kind in BACKEND_FAULTS or self.kind == MIXED
+
+    @property
+    def hits_store(self) -> bool:
+        """Injected at the object store (:func:`store_faults`)."""
+        return self.kind in STORE_FAULTS or self.kind == MIXED
 
 
 class FaultyBackend(FunctionBackend):
@@ -112,16 +125,16 @@ class FaultyBackend(FunctionBackend):
         self.name = f"faulty-{inner.name}"
         self.platform = inner.platform
         self.policy = policy or POLICIES.get(inner.name, POLICIES["local"])
-        active = plan.kind in BACKEND_FAULTS
-        self._dice = Dice(plan.rate if active else 0.0, plan.seed)
+        self._dice = Dice(plan.rate if plan.hits_backend else 0.0, plan.seed)
         self._rng = random.Random(plan.seed + 1)
+        self._pick = random.Random(plan.seed + 2)  # which fault, for "mixed"
         self._lock = threading.Lock()
         self._failed: list[InvocationRecord] = []
         self.retries = 0
         # crash on a backend with a dispatch hook (local): the hook kills the very worker
         # an armed attempt is dispatched to, so every injected crash loses that attempt.
         self._armed = threading.local()
-        self._hooked = plan.kind == "crash" and hasattr(inner, "dispatch_hook")
+        self._hooked = plan.kind in ("crash", MIXED) and hasattr(inner, "dispatch_hook")
         if self._hooked:
             inner.dispatch_hook = self._kill_dispatched  # type: ignore[attr-defined]
 
@@ -169,6 +182,9 @@ class FaultyBackend(FunctionBackend):
         if not self._dice.roll():
             return self.inner.invoke(name, payload, request_id=request_id)
         kind, spec = self.plan.kind, self.inner.spec(name)
+        if kind == MIXED:
+            with self._lock:
+                kind = self._pick.choice(BACKEND_FAULTS)
         if kind == "throttle":
             raise InjectedThrottle(name, self.plan.retry_after_s)
         if kind == "timeout":
@@ -238,6 +254,7 @@ def parse_fault(text: str) -> FaultPlan:
 def store_faults(inner: ObjectStore, plan: FaultPlan) -> FaultyStore:
     """``inner`` failing a seeded fraction ``plan.rate`` of every operation with the plan's
     store fault (none for a backend or expert fault kind)."""
-    failure: StoreFailure = "store-503" if plan.kind == "store-503" else "store-drop"
-    rate = plan.rate if plan.kind in STORE_FAULTS else 0.0
+    failure: StoreFailure = {"store-503": "store-503", MIXED: "store-mixed"}.get(
+        plan.kind, "store-drop")  # type: ignore[assignment]
+    rate = plan.rate if plan.hits_store else 0.0
     return FaultyStore(inner, STORE_OPS, rate=rate, seed=plan.seed + 7, failure=failure)

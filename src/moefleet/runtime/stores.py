@@ -200,7 +200,7 @@ class Dice:
 
 
 STORE_OPS = ("put", "get", "exists", "delete", "list")
-StoreFailure = Literal["storage", "store-503", "store-drop"]
+StoreFailure = Literal["storage", "store-503", "store-drop", "store-mixed"]
 
 
 class FaultyStore(_Wrapper):
@@ -212,7 +212,8 @@ class FaultyStore(_Wrapper):
     with ``rate``: a seeded fraction ``rate`` fails (``Dice(rate, seed)``), as the fault
     experiments inject. What is raised is ``failure``: ``"storage"`` a ``StorageError``,
     ``"store-503"`` a :class:`StoreUnavailableError` (S3 503 SlowDown), ``"store-drop"``
-    a ``ConnectionResetError``. ``injected`` counts the failures raised.
+    a ``ConnectionResetError``, ``"store-mixed"`` one of those two, seeded, each time.
+    ``injected`` counts the failures raised.
     """
 
     def __init__(
@@ -228,6 +229,7 @@ class FaultyStore(_Wrapper):
         self.ops, self.match, self.fail_first = set(ops), match, fail_first
         self.failure = failure
         self._dice = Dice(rate, seed) if rate is not None else None
+        self._pick = random.Random(seed + 1)  # which failure, for "store-mixed"
         self.failures = 0
         self._lock = threading.Lock()
 
@@ -249,9 +251,13 @@ class FaultyStore(_Wrapper):
                     return
                 self.failures += 1
         where = f"{op.upper()} {key}"
-        if self.failure == "store-503":
+        failure = self.failure
+        if failure == "store-mixed":
+            with self._lock:
+                failure = self._pick.choice(("store-503", "store-drop"))
+        if failure == "store-503":
             raise StoreUnavailableError(f"{where}: 503 SlowDown (injected)")
-        if self.failure == "store-drop":
+        if failure == "store-drop":
             raise ConnectionResetError(f"{where}: connection reset (injected)")
         raise StorageError(f"injected {op.upper()} failure on {key!r}", "fault injection")
 
