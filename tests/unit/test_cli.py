@@ -28,6 +28,14 @@ def test_models_list_json() -> None:
     assert "MixtralForCausalLM" in data["supported_architectures"]
 
 
+def test_building_a_built_model_says_so_without_its_build_report() -> None:
+    assert run("models", "build", MODEL).exit_code == 0
+    res = run("models", "build", MODEL)
+    assert res.exit_code == 0, res.output
+    assert "already built" in res.stdout and "--force" in res.stdout
+    assert "num_experts" not in res.stdout, res.stdout  # one sentence, wrapped to fit
+
+
 def test_models_info_json() -> None:
     # `info` never builds (it says how to), so build first: this test must not depend on
     # an earlier one having built the model in the same cache.

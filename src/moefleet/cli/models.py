@@ -98,10 +98,15 @@ def build_cmd(
 
     with user_errors():
         zoo.get_entry(name)
+        cached = zoo.is_built(name) and not force
         build_with_progress(name, force)
         report = zoo.build_report(name) or {}
     if as_json:
         emit_json(report)
+    elif cached:  # nothing was done: say so, not the build's whole report
+        out_console(False).print(
+            f"{name} is already built -> {zoo.model_dir(name)} (details: moefleet models "
+            f"info {name}; rebuild: --force)", highlight=False)
     else:
         out_console(False).print(f"[green]built[/] {name} -> {zoo.model_dir(name)}")
         for k, v in report.items():
