@@ -99,7 +99,8 @@ def run(adapter: HFMoEAdapter, dep: Any, backend: LocalBackend, store: LocalObje
     lat = [o.times.e2e_s for o in completed if o.times and o.times.e2e_s is not None]
     ends = [o.times.finished - clock0 for o in completed
             if o.times and o.times.finished is not None]
-    span = max(arrivals[-1][0], WINDOW_S)
+    # every window from the first arrival to the last completion (the drain included)
+    span = max(arrivals[-1][0], max(ends, default=0.0), WINDOW_S)
     windows = np.histogram(ends, bins=np.arange(0.0, span + WINDOW_S, WINDOW_S))[0]
     records = backend.records()[before:] + (faulty.failed_records() if faulty else [])
     bill = Meter(spec, records).bill()
