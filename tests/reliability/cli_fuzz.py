@@ -244,9 +244,14 @@ def run(n: int, seed: int) -> dict[str, Any]:
     runner = CliRunner()
     failures: list[dict[str, Any]] = []
     os.chdir(folder)
+    grew: list[tuple[float, list[str]]] = []  # (MB the peak rose by, the set that did it)
     for args in argument_sets(n, seed):
         before = files_under(folder)
+        peak0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         res = runner.invoke(app, args)
+        rise = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak0) / 1024
+        if rise > 0:
+            grew.append((rise, args))
         new = {f for f in files_under(folder) - before if not f.startswith("cache/")}
         verdict = classify(res.exit_code, res.output, res.exception, new)
         if verdict:
@@ -254,7 +259,9 @@ def run(n: int, seed: int) -> dict[str, Any]:
         for f in new:  # keep the next set's "before" honest
             (folder / f).unlink()
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"runs": n, "failures": failures, "peak_rss_mb": peak_kb / 1024}
+    top = sorted(grew, key=lambda g: -g[0])[:5]  # where a too-high peak came from
+    return {"runs": n, "failures": failures, "peak_rss_mb": peak_kb / 1024,
+            "peak_rises_mb": [{"mb": round(mb, 1), "args": a} for mb, a in top]}
 
 
 if __name__ == "__main__":

@@ -22,8 +22,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.timeout(400)
 def test_hostile_cli_arguments_fail_cleanly_and_stay_small() -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT),
-                                                        *sys.path])}
+    # A user's environment, not this pytest process's: earlier tests leave variables and
+    # sys.path entries behind, and in a full-suite run the child then peaked at 2.2 GB
+    # where alone it peaks at ~0.5 GB (cause not pinned down; the report now names the
+    # argument sets that raised the peak).
+    keep = ("PATH", "HOME", "LANG", "TMPDIR", "MOEFLEET_DATA_DIR")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+               HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
     proc = subprocess.run([sys.executable, str(ROOT / "tests/reliability/cli_fuzz.py"),
                            "240", "17"], capture_output=True, text=True, env=env, timeout=380)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")]
@@ -31,7 +37,7 @@ def test_hostile_cli_arguments_fail_cleanly_and_stay_small() -> None:
     report = json.loads(lines[-1].removeprefix("REPORT "))
     assert report["runs"] >= 240
     assert report["failures"] == [], json.dumps(report["failures"][:10], indent=1)
-    assert report["peak_rss_mb"] < 2048
+    assert report["peak_rss_mb"] < 2048, json.dumps(report["peak_rises_mb"], indent=1)
 
 
 def test_the_fuzz_covers_every_command() -> None:
