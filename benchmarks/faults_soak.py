@@ -37,19 +37,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from moefleet.compose import StackOptions, open_engine
-from moefleet.compose.score import SCORE, score_options
-from moefleet.engine import RequestOutput
-from moefleet.engine.replay import replay
+from moefleet.experiments.fault_runs import run_under_faults
 from moefleet.io import write_json_atomic
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
 from moefleet.plan import DeploymentPlan
-from moefleet.platform import LocalObjectStore, Meter, load_platform
+from moefleet.platform import LocalObjectStore, load_platform
 from moefleet.runtime.deploy import deploy_plan
-from moefleet.runtime.faults import FaultPlan, FaultyBackend, store_faults
+from moefleet.runtime.faults import FaultPlan
 from moefleet.runtime.local import LocalBackend
-from moefleet.runtime.stores import RetryingStore
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "faults_soak.json"
@@ -64,64 +60,39 @@ def prompts(n: int, seed: int) -> list[list[int]]:
 def run(adapter: HFMoEAdapter, dep: Any, backend: LocalBackend, store: LocalObjectStore,
         spec: Any, plan: FaultPlan, arrivals: list[tuple[float, list[int]]],
         label: str) -> dict[str, Any]:
-    """Replay ``arrivals`` (t_s, prompt) under ``plan``; the counts and the bill."""
-    fstore = store_faults(store, plan)
-    retrying = RetryingStore(fstore, seed=plan.seed)
-    before = len(backend.records())
+    """Replay ``arrivals`` (t_s, prompt) under ``plan`` through the fault harness
+    (``experiments.fault_runs``); its counts and bill, with completions per window."""
     done = {"n": 0, "t": time.monotonic()}
     start = time.monotonic()
 
-    def tick(_: RequestOutput) -> None:  # a progress line a minute, on a long run
+    def tick(_: Any) -> None:  # a progress line a minute, on a long run
         done["n"] += 1
         if time.monotonic() - done["t"] >= WINDOW_S:
             done["t"] = time.monotonic()
             print(f"  {label}: {time.monotonic() - start:6.0f} s, {done['n']}/{len(arrivals)}"
                   " requests done", file=sys.stderr, flush=True)
 
-    with open_engine(adapter, plan=dep, stack=StackOptions(
-            faults=plan if plan.hits_backend else None), backend=backend,
-            store=retrying, platform=spec,
-            options=score_options(BATCH, PROMPT_TOKENS)) as opened:
-        clock0 = opened.engine.clock()
-        t0 = time.perf_counter()
-        outs = replay(opened.engine, [(t, p, SCORE) for t, p in arrivals],
-                      max_wall_s=arrivals[-1][0] + 1800.0, on_finish=tick)
-        wall = time.perf_counter() - t0
-        faulty = opened.backend if isinstance(opened.backend, FaultyBackend) else None
-    accepted = len(outs)
-    failed = [o for o in outs if o.finished and o.finish_reason == "error"]
-    completed = [o for o in outs if o.finished and o.finish_reason != "error"]
-    equal = 0
-    for (_, p), o in zip(arrivals, outs, strict=True):
-        if o.finished and o.finish_reason != "error" and o.prompt_outputs is not None:
-            want = adapter.reference_forward(torch.tensor([p]))[0]
-            equal += int((o.prompt_outputs - want).abs().max().item() <= 1e-4)
-    lat = [o.times.e2e_s for o in completed if o.times and o.times.e2e_s is not None]
-    ends = [o.times.finished - clock0 for o in completed
-            if o.times and o.times.finished is not None]
+    r = run_under_faults(adapter, dep, backend, store, spec, plan, [p for _, p in arrivals],
+                         arrivals_s=[t for t, _ in arrivals], batch=BATCH, on_finish=tick)
     # every window from the first arrival to the last completion (the drain included)
-    span = max(arrivals[-1][0], max(ends, default=0.0), WINDOW_S)
-    windows = np.histogram(ends, bins=np.arange(0.0, span + WINDOW_S, WINDOW_S))[0]
-    records = backend.records()[before:] + (faulty.failed_records() if faulty else [])
-    bill = Meter(spec, records).bill()
+    span = max(arrivals[-1][0], max(r.finished_s, default=0.0), WINDOW_S)
+    windows = np.histogram(r.finished_s, bins=np.arange(0.0, span + WINDOW_S, WINDOW_S))[0]
+    lat = r.latencies_s
     return {
         "label": label, "fault_plan": {"kind": plan.kind, "rate": plan.rate, "seed": plan.seed},
         "emulated": "timeout, throttle, straggler and store faults are injected at the "
                     "harness; crash SIGKILLs a real worker process" if plan.kind != "none"
                     else None,
         "offered_rps": (len(arrivals) - 1) / arrivals[-1][0] if arrivals[-1][0] > 0 else None,
-        "accepted": accepted, "completed": len(completed), "failed": len(failed),
-        "lost": accepted - len(completed) - len(failed),
-        "outputs_equal_monolithic": equal,
-        "errors": sorted({o.error or "" for o in failed})[:5],
+        "accepted": r.accepted, "completed": r.completed, "failed": r.failed, "lost": r.lost,
+        "outputs_equal_monolithic": r.outputs_equal, "errors": sorted(set(r.errors))[:5],
         "completed_per_window": windows.tolist(), "window_s": WINDOW_S,
         "min_completed_in_a_window": int(windows.min()) if len(windows) else 0,
         "latency_p50_s": float(np.percentile(lat, 50)) if lat else None,
         "latency_p99_s": float(np.percentile(lat, 99)) if lat else None,
-        "faults_injected": (faulty.injected if faulty else 0) + fstore.injected,
-        "retries": (faulty.retries if faulty else 0) + retrying.retries,
-        "cost_usd": bill.total.total, "failed_attempts_billed": bill.failed_attempts,
-        "failed_attempt_cost_usd": bill.failed.total, "wall_s": wall,
+        "faults_injected": r.injected, "retries": r.retries + r.store_retries,
+        "cost_usd": r.cost_usd, "failed_attempts_billed": r.failed_attempts,
+        "failed_attempt_cost_usd": r.failed_attempt_cost_usd, "wall_s": r.wall_s,
     }
 
 

@@ -1,7 +1,9 @@
 """Run requests through a deployment under one :class:`~moefleet.runtime.faults.FaultPlan`
 and account for every one: accepted, completed, lost, output equal to the monolithic
-model, latency and billed cost (failed attempts included). Used by the fault tests and
-``benchmarks/faults.py``. Requests go through the composition root (``compose.open_engine``).
+model, latency and billed cost (failed attempts included). Used by the fault tests,
+``benchmarks/faults.py`` (prompts at once) and ``benchmarks/faults_soak.py`` (prompts at
+timed arrivals, replayed in real time). Requests go through the composition root
+(``compose.open_engine``).
 
 A request is *lost* when it was accepted but neither completed nor failed with a clear
 error; the harness catches every exception a request raises, so a request that fails is
@@ -10,7 +12,8 @@ counted as ``failed`` (with its error), never silently dropped.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +52,9 @@ class FaultRun:
     failed_attempts: int = 0
     failed_attempt_cost_usd: float = 0.0
     errors: list[str] = field(default_factory=list)
+    store_retries: int = 0
+    finished_s: list[float] = field(default_factory=list)  # completions, after the start
+    wall_s: float = 0.0
 
     @property
     def lost(self) -> int:
@@ -70,27 +76,41 @@ class FaultRun:
 
 def run_under_faults(adapter: MoEModelAdapter, dep: Deployment, backend: FunctionBackend,
                      store: ObjectStore, platform: PlatformSpec, plan: FaultPlan,
-                     prompts: Sequence[list[int]], atol: float = 1e-4) -> FaultRun:
+                     prompts: Sequence[list[int]], atol: float = 1e-4, *,
+                     arrivals_s: Sequence[float] | None = None, batch: int = 1,
+                     on_finish: Callable[[Any], None] | None = None) -> FaultRun:
     """Score each prompt as its own request (one step each) through the segment runner
     over ``dep``'s functions on ``backend``, under ``plan``: backend faults at the backend,
     store faults on the caller's store (retried by
     :class:`~moefleet.runtime.stores.RetryingStore`). ``adapter`` gives the monolithic
-    output to compare with."""
+    output to compare with. With ``arrivals_s`` (seconds after the start, sorted) each
+    prompt is added at its time and the engine steps batches of up to ``batch`` prompts
+    in real time (``engine.replay``; ``on_finish`` sees each request as it ends);
+    without, every prompt is added at once, one per step."""
     from moefleet.compose import StackOptions, open_engine
     from moefleet.compose.run import run_billed
     from moefleet.compose.score import SCORE, score_options
+    from moefleet.engine.replay import replay
 
     fstore = store_faults(store, plan)
+    retrying = RetryingStore(fstore, seed=plan.seed)
     before = len(backend.records())
     run = FaultRun(backend.name, plan.kind, plan.rate)
     stack = StackOptions(faults=plan if plan.hits_backend else None)
     longest = max(len(p) for p in prompts)
-    with open_engine(adapter, plan=dep, stack=stack, backend=backend,
-                     store=RetryingStore(fstore, seed=plan.seed), platform=platform,
-                     options=score_options(1, max(2, longest))) as opened:
-        res = run_billed(opened, [list(p) for p in prompts], SCORE)
+    with open_engine(adapter, plan=dep, stack=stack, backend=backend, store=retrying,
+                     platform=platform, options=score_options(
+                         1 if arrivals_s is None else batch, max(2, longest))) as opened:
+        clock0, t0 = opened.engine.clock(), time.perf_counter()
+        if arrivals_s is None:
+            outputs = run_billed(opened, [list(p) for p in prompts], SCORE).outputs
+        else:
+            outputs = replay(opened.engine, [(t, list(p), SCORE) for t, p in
+                                             zip(arrivals_s, prompts, strict=True)],
+                             max_wall_s=arrivals_s[-1] + 1800.0, on_finish=on_finish)
+        run.wall_s = time.perf_counter() - t0
         faulty = opened.backend if isinstance(opened.backend, FaultyBackend) else None
-    for ids, out in zip(prompts, res.outputs, strict=True):
+    for ids, out in zip(prompts, outputs, strict=True):
         run.accepted += 1
         if out.finish_reason == "error":  # counted, never dropped: a clear error is no loss
             run.failed += 1
@@ -99,6 +119,8 @@ def run_under_faults(adapter: MoEModelAdapter, dep: Deployment, backend: Functio
         run.completed += 1
         if out.times is not None and out.times.e2e_s is not None:
             run.latencies_s.append(out.times.e2e_s)
+        if out.times is not None and out.times.finished is not None:
+            run.finished_s.append(out.times.finished - clock0)
         want = adapter.reference_forward(torch.tensor([list(ids)]))[0]
         assert out.prompt_outputs is not None  # a scored request carries its outputs
         run.outputs_equal += int((out.prompt_outputs - want).abs().max().item() <= atol)
@@ -109,4 +131,5 @@ def run_under_faults(adapter: MoEModelAdapter, dep: Deployment, backend: Functio
     run.failed_attempt_cost_usd = bill.failed.total
     run.injected = (faulty.injected if faulty else 0) + fstore.injected
     run.retries = faulty.retries if faulty else 0
+    run.store_retries = retrying.retries
     return run

@@ -254,7 +254,7 @@ def parse_fault(text: str) -> FaultPlan:
 def store_faults(inner: ObjectStore, plan: FaultPlan) -> FaultyStore:
     """``inner`` failing a seeded fraction ``plan.rate`` of every operation with the plan's
     store fault (none for a backend or expert fault kind)."""
-    failure: StoreFailure = {"store-503": "store-503", MIXED: "store-mixed"}.get(
-        plan.kind, "store-drop")  # type: ignore[assignment]
+    failure: StoreFailure = ("store-mixed" if plan.kind == MIXED else
+                             "store-503" if plan.kind == "store-503" else "store-drop")
     rate = plan.rate if plan.hits_store else 0.0
     return FaultyStore(inner, STORE_OPS, rate=rate, seed=plan.seed + 7, failure=failure)
