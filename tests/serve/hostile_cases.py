@@ -21,7 +21,6 @@ from tests.serve.hostile_helpers import (
     post,
     raw_post,
     read_all,
-    read_for,
     reset,
     statuses,
     trickle,
@@ -243,7 +242,7 @@ def chunked_over_limit(s: Server) -> bytes:
                 c.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
         except OSError:
             pass
-        data = read_for(c, 3)
+        data = read_all(c, 3)
     assert statuses(data) == [413]
     return data
 

@@ -59,10 +59,6 @@ def read_all(c: socket.socket, limit_s: float = 10.0) -> bytes:
     return out
 
 
-def read_for(c: socket.socket, seconds: float) -> bytes:
-    return read_all(c, seconds)
-
-
 def trickle(c: socket.socket, pieces: list[bytes], gap_s: float = 0.3) -> bytes:
     """Send ``pieces`` ``gap_s`` apart, reading what comes back in between (a reset that
     follows a server's close would otherwise discard its reply unread)."""
