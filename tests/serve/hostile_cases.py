@@ -72,6 +72,11 @@ RAW: dict[str, Raw] = {
     "pipelined_gets": Raw(HEALTH * 2 + HEALTH.replace(b"\r\n\r\n", _CLOSE), ([200] * 3,)),
     "pipelined_ten": Raw(GOOD * 9 + post("/v1/completions", _BODY, "Connection: close\r\n"),
                          ([200] * 10,), 120),
+    # a bad request pipelined behind a good one: the good one is answered first, whole
+    "garbage_after_good": Raw(GOOD + b"\x00\x01 not http\r\n\r\n", ([200, 400],), 60,
+                              contains=(b'"completion_tokens":2',)),
+    "oversized_header_after_good": Raw(GOOD + b"GET /health HTTP/1.1\r\nX-Big: "
+                                       + b"a" * 40000 + b"\r\n\r\n", ([200, 431],), 60),
     "oversized_header": Raw(b"GET /health HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * 20000
                             + b"\r\n\r\n", ([431],)),
     "too_many_headers": Raw(b"GET /health HTTP/1.1\r\nHost: t\r\n" + b"".join(
@@ -92,8 +97,9 @@ RAW: dict[str, Raw] = {
     "chunked_valid": Raw(raw_post(b"Transfer-Encoding: chunked\r\nConnection: close\r\n",
                                   _CHUNKED), ([200],)),
     "chunked_never_ends": Raw(_CHUNKED_HEAD + b"2\r\n{}\r\n", ([408],)),
+    # the body is cut 5 bytes short (400: not JSON); those 5 bytes are no request (400, after)
     "short_content_length": Raw(raw_post(f"Content-Length: {len(_BODY) - 5}\r\n".encode(),
-                                         _BODY)),
+                                         _BODY), ([400, 400],)),
     "garbage_bytes": Raw(bytes(range(256)) * 4),
     "tls_client_hello": Raw(bytes.fromhex("16030100a5010000a10303") + b"\x00" * 40),
     "http2_preface": Raw(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04" + b"\x00" * 5),
@@ -323,7 +329,8 @@ ORDER = [
     "too_many_headers", "oversized_url", "bad_content_length", "negative_content_length",
     "plus_content_length", "conflicting_content_lengths", "huge_content_length",
     "content_length_and_chunked", "chunked_garbage", "chunked_valid", "chunked_over_limit",
-    "chunked_never_ends", "short_content_length", "long_content_length_then_close",
+    "chunked_never_ends", "short_content_length", "garbage_after_good",
+    "oversized_header_after_good", "long_content_length_then_close",
     "garbage_bytes", "tls_client_hello", "http2_preface", "http09_request",
     "http10_without_host", "unknown_method", "header_without_colon", "nul_in_header",
     "obs_fold_header", "non_ascii_path", "long_method", "expect_continue",

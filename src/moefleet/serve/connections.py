@@ -5,6 +5,8 @@ Two layers, each bounded:
 - :func:`protocol_class` makes uvicorn's httptools protocol stricter: a request head
   (request line + headers) must arrive within ``head_timeout_s`` of its first byte (or of
   the connection opening; slowloris) and stay under ``max_head_bytes`` (431 otherwise);
+  a refusal of bytes pipelined behind a request still being answered waits for that
+  reply (it is never cut off by ours);
   a client that half-closes its side after sending a complete request (``shutdown(SHUT_WR)``,
   ``nc -N``) still gets its reply (after interim ``100 Continue`` probes that tell it from
   a client that left, whose request is aborted), and then the connection closes; a
@@ -90,6 +92,7 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             self._head_timer: asyncio.TimerHandle | None = None
             self._head_bytes = 0
             self._refused = False
+            self._pending: tuple[bytes, str] | None = None  # a refusal waiting its turn
             self._eof = False
             self._begun = False  # a request head has started and is not complete
 
@@ -158,6 +161,15 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
                 return
             self._refused = True
             self._cancel_head_timer()
+            c = self.cycle
+            if c is not None and not c.response_complete and not c.disconnected:
+                # Garbage pipelined behind a request still being answered: that reply
+                # goes first (ending our side now would cut it off mid-write).
+                self._pending = (status, message)
+                return
+            self._write_refusal(status, message)
+
+        def _write_refusal(self, status: bytes, message: str) -> None:
             self.transport.write(_raw_reply(status, message))
             if self.transport.can_write_eof():
                 self.transport.write_eof()
@@ -178,7 +190,7 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
 
         # -- half-close: answer, then close ----------------------------------------------
         def eof_received(self) -> bool | None:  # type: ignore[override]
-            if self._refused:
+            if self._refused and self._pending is None:
                 return None  # the client has read our refusal and closed: so do we
             cycle = self.cycle
             if cycle is not None and not cycle.response_complete and not cycle.more_body:
@@ -202,6 +214,12 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
+            if self._pending is not None and not self.pipeline \
+                    and not self.transport.is_closing():
+                status, message = self._pending
+                self._pending = None
+                self._write_refusal(status, message)
+                return
             if self._eof and not self.pipeline and not self.transport.is_closing():
                 self.transport.close()
 
