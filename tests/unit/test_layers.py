@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("report",),
     ("traces",),
     ("models",),
-    ("data", "platform", "workloads", "control"),
+    ("data", "platform", "workloads", "control", "torch_io"),
     ("io", "paths", "limits", "metric_names"),
     ("errors",),
 ]

@@ -29,9 +29,10 @@ import torch
 from torch import nn
 
 from moefleet.brownout.groups import BrownoutError, Grouping
-from moefleet.io import atomic_dir, load_torch_data
+from moefleet.io import atomic_dir
 from moefleet.models.base import MoEModelAdapter
 from moefleet.paths import cache_dir
+from moefleet.torch_io import load_torch_data
 
 GROUPINGS: tuple[str, ...] = ("index", "similarity")
 CODE_VERSION = "1"

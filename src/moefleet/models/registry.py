@@ -27,12 +27,12 @@ from typing import Any
 import torch
 
 from moefleet.errors import DataError, MoefleetError, UnknownNameError
-from moefleet.io import refusal_reason
 from moefleet.models.base import MoEModelAdapter
 from moefleet.models.config_schema import check_architecture, check_config, read_config
 from moefleet.models.dtypes import DtypeChoice, resolve_dtype
 from moefleet.models.hf import HF_FAMILIES, HFMoEAdapter
 from moefleet.models.weights_check import check_weights
+from moefleet.torch_io import refusal_reason
 
 # architecture class name -> loader(path_or_id, name) -> adapter
 Loader = Callable[[str, str], MoEModelAdapter]

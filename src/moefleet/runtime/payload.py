@@ -23,11 +23,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from moefleet.io import safetensors_ready
 from moefleet.models.base import ForwardContext
 from moefleet.platform import ObjectStore
 from moefleet.platform.inline import spill_budget, spill_names
 from moefleet.runtime.errors import PayloadError
+from moefleet.torch_io import safetensors_ready
 
 _KEY = "moefleet"
 

@@ -46,7 +46,8 @@ from moefleet.autoscale.smoe.harness import DEFAULT_MODEL
 from moefleet.autoscale.smoe.nets import ActorSpec
 from moefleet.autoscale.smoe.space import ConfigSpace
 from moefleet.errors import MoefleetError, validation_message
-from moefleet.io import atomic_path, safetensors_ready
+from moefleet.io import atomic_path
+from moefleet.torch_io import safetensors_ready
 
 FORMAT = 2
 REPLAY_SAVED = 1000  # newest transitions kept (the rest would make files hundreds of MB)

@@ -3,7 +3,7 @@
     moefleet autoscale convert-checkpoint old.pt new.safetensors
 
 Invariant: the old file is read only by torch's ``weights_only`` unpickler
-(:func:`moefleet.io.load_torch_data`), which rebuilds tensors and plain containers
+(:func:`moefleet.torch_io.load_torch_data`), which rebuilds tensors and plain containers
 (dict, list, tuple, str, numbers) and refuses any other global, so nothing in the file
 can run; a file that needs more than that (it was not written by ``moefleet autoscale
 train``, or it was altered) is refused, never loaded with the full unpickler. That
@@ -37,7 +37,8 @@ from moefleet.autoscale.smoe.checkpoint import (
 from moefleet.autoscale.smoe.nets import ActorSpec
 from moefleet.autoscale.smoe.space import ConfigSpace
 from moefleet.errors import MoefleetError
-from moefleet.io import check_input_file, check_output_path, load_torch_data
+from moefleet.io import check_input_file, check_output_path
+from moefleet.torch_io import load_torch_data
 
 _OPTIONAL_HISTORY = ("imitation_weight", "cpu_s", "validation")
 

@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moefleet.errors import DataError
-from moefleet.io import atomic_path, load_torch_data
+from moefleet.io import atomic_path
 from moefleet.models.base import MoEModelAdapter
 from moefleet.models.tinylm.recipe import Recipe, parse_recipe, recipe_dict
 from moefleet.models.zoo import ProgressFn, ZooEntry, register
 from moefleet.paths import cache_dir
+from moefleet.torch_io import load_torch_data
 
 if TYPE_CHECKING:
     import torch

@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from moefleet.errors import DataError
-from moefleet.io import atomic_path, load_torch_data
+from moefleet.io import atomic_path
 from moefleet.models.tinylm import entry as base_entry
 from moefleet.models.tinylm.recipe import RecipeError, TrainSpec, _section
 from moefleet.models.zoo import ProgressFn, ZooEntry, register
 from moefleet.paths import cache_dir
+from moefleet.torch_io import load_torch_data
 
 NAME = "tiny-moe-lm-e32"
 

@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
-from moefleet.io import atomic_path, load_torch_data
+from moefleet.io import atomic_path
 from moefleet.models.tinylm.losses import balance_loss, cross_entropy
 from moefleet.models.tinylm.model import ModelConfig, TinyMoELM
 from moefleet.models.tinylm.recipe import TrainSpec
+from moefleet.torch_io import load_torch_data
 
 # step_done(step, total, loss) is called after every optimizer step (and after the
 # checkpoint of that step, if any); raising from it interrupts training.
