@@ -121,10 +121,20 @@ def compare_cmd(
         def say(msg: str) -> None:
             print(f"compare: {msg}", file=sys.stderr, flush=True)
 
+        runtime_mb = None
+        if adapter is not None:
+            # Plans run for real must start on the local backend, whose function
+            # processes hold more than the default footprint: every row plans with it.
+            from moefleet.profiles.footprint import measure_runtime_footprint
+            from moefleet.profiles.gpu import RUNTIME_MB
+
+            runtime_mb = max(RUNTIME_MB, measure_runtime_footprint("local") / 2**20)
+            say(f"local function runtime footprint: {runtime_mb:.0f} MB (every plan "
+                "leaves room for it)")
         res = run_compare(model=model, traffic=traffic, platforms=platforms,
                           slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, duration_s=duration,
                           rate_scale=rate_scale, seed=seed, quick=quick, say=say,
-                          command=command)
+                          command=command, runtime_mb=runtime_mb)
         if adapter is not None:
             from moefleet.compare.measure import measure as run_measure
 
@@ -140,6 +150,8 @@ def compare_cmd(
     if data["measured"]:
         con.print(measured_table(data))
         for m in data["measured"]:
+            if m.get("skipped"):
+                con.print(f"{m['policy']}: {m['skipped']}", highlight=False)
             for i, r in enumerate(m["runs"]):
                 if "error" in r:
                     con.print(f"{m['policy']} run {i + 1} failed: {r['error']}",

@@ -2,16 +2,22 @@
 through the composition root on the local backend (``open_engine`` + ``run_billed``),
 their measured cost and P95 latencies beside the simulator's for the *same* requests.
 
-The measured requests are the traffic's first ``REQUESTS`` arrivals, submitted together
-(the local backend runs a batch, not a timed replay), prompts cut to ``MAX_PROMPT``
-random token ids and outputs to ``MAX_OUTPUT`` greedy tokens (EOS ignored); the
-simulated side re-runs the policy on exactly those requests, all arriving at t = 0, so
-the two share lengths, routing shape and prices. Each policy runs ``repeats`` times and
-every run is reported (no best-of).
+The measured requests are the traffic's first ``REQUESTS`` arrivals, all arriving at
+t = 0, prompts cut to ``MAX_PROMPT`` random token ids and outputs to ``MAX_OUTPUT``
+greedy tokens (EOS ignored); the simulated side re-runs the policy on exactly those
+requests, so the two share lengths, routing shape and prices. The two sides also share
+the deployment's shape: a Remoe layout gives each request a main function of its own
+(nothing batches across requests, and a main's bill is its request's alone), so those
+requests run one at a time, each timed from the start of its main; an ODS/BO plan serves
+them as one batch, as its simulation does. Each policy runs ``repeats`` times and every
+run is reported (no best-of).
 
 Runnable for real: plans with functions (Remoe's layouts, the composed policy with a
 SALC-controlled brownout stack, ODS/BO plans). Monolithic and sMoE rows are simulated
-only (an in-process engine is not a serverless bill; sMoE needs pods).
+only (an in-process engine is not a serverless bill; sMoE needs pods). A layout whose
+main function holds a GPU is measured only where CUDA is: run on this CPU and billed at
+the GPU's price it says nothing about the simulated GPU row (it measured 16-230x the
+simulated cost), so without a GPU it is skipped and the result says why.
 """
 
 from __future__ import annotations
@@ -36,6 +42,11 @@ REMOE = {"remoe-mmp": "remoe", "remoe-sweep": "remoe-sweep", "remoe-cpu": "cpu",
          "remoe-gpu": "gpu", "remoe-mix": "mix", "remoe-fetch": "fetch"}
 ODS = {"lambdaml": "lambdaml", "ods-predicted": "ods", "ods-bo": "ods", "ods-oracle": "ods"}
 MEASURABLE = (*REMOE, "composed", *ODS)
+
+
+def needs_gpu(policy: str) -> bool:
+    """Whether the policy's layout has a GPU main function (Remoe's, bar the CPU one)."""
+    return policy == "composed" or (policy in REMOE and REMOE[policy] != "cpu")
 
 
 def mini_scenario(sc: Scenario, n: int = REQUESTS) -> Scenario:
@@ -91,19 +102,27 @@ def run_real(sc: Scenario, policy: str, adapter: Any, *, salc: bool) -> dict[str
                              ignore_eos=True) for a in sc.traffic.arrivals]
     brown = (BrownoutSpec(ways=2, mode="full", slo_ttft_s=sc.slo_ttft_s,
                           slo_tpot_s=sc.slo_tpot_s) if salc else None)
+    # A Remoe deployment gives every request a main function of its own (the simulator
+    # prices it so): those requests run one at a time here, each timed from its main's
+    # start. ODS/BO plans serve batches, as their simulation does.
+    alone = policy not in ODS
     t0 = time.perf_counter()
     with open_engine(adapter, plan=plan, stack=StackOptions(brownout=brown),
                      backend="local", platform=sc.spec,
-                     options=EngineOptions(max_num_seqs=len(prompts))) as opened:
+                     options=EngineOptions(max_num_seqs=1 if alone else len(prompts))
+                     ) as opened:
         run = run_billed(opened, prompts, params)
         notes = list(opened.notes)
-    ttft = [o.times.ttft_s for o in run.outputs if o.times and o.times.ttft_s is not None]
+    ttft = [o.times.first_token - (o.times.scheduled if alone else o.times.arrival)
+            for o in run.outputs if o.times and o.times.first_token is not None
+            and o.times.scheduled is not None]
     tpot = [o.times.tpot_s for o in run.outputs if o.times and o.times.tpot_s is not None]
     out_tokens = sum(len(o.new_token_ids) for o in run.outputs)
     errors = [o.error for o in run.outputs if o.error]
     if errors and not out_tokens:  # nothing ran: a $0 bill would read as a free policy
         return {"error": f"{len(errors)} of {len(run.outputs)} requests failed: {errors[0]}"}
     return {"cost_usd": run.total_usd, "output_tokens": out_tokens,
+            "requests_at_once": 1 if alone else len(prompts),
             "cost_per_1m_usd": run.total_usd / max(out_tokens, 1) * 1e6,
             "ttft_p95_s": float(np.percentile(ttft, 95)) if ttft else None,
             "tpot_p95_s": float(np.percentile(tpot, 95)) if tpot else None,
@@ -115,20 +134,37 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
 
+def _cheapest(rows: list[Row]) -> list[Row]:
+    """Rows meeting the SLO, cheapest first, then the others, cheapest first."""
+    ok = sorted((r for r in rows if r.meets_slo), key=lambda r: r.cost_per_1m or 0.0)
+    rest = sorted((r for r in rows if not r.meets_slo), key=lambda r: r.cost_per_1m or 0.0)
+    return ok + rest
+
+
 def measure(sc: Scenario, rows: list[Row], k: int, adapter: Any, repeats: int = 2,
             say: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Measure the ``k`` cheapest runnable rows meeting the SLO (else the cheapest
     runnable ones); each result is also put on its row (``row.measured``)."""
-    ran = [r for r in rows if r.absent is None and r.policy in MEASURABLE
-           and r.cost_per_1m is not None]
+    import torch
+
+    ran = _cheapest([r for r in rows if r.absent is None and r.policy in MEASURABLE
+                     and r.cost_per_1m is not None])
+    skipped = []
+    if not torch.cuda.is_available():  # say so for those that would have been picked
+        skipped = [r for r in ran[:k] if needs_gpu(r.policy)]
+        ran = [r for r in ran if not needs_gpu(r.policy)]
+    out: list[dict[str, Any]] = []
+    for r in skipped:
+        why = ("not measured: its main function holds a GPU and this machine has none (a "
+               "CPU run billed at GPU prices would say nothing about the simulated row)")
+        r.notes.append(why)
+        out.append({"policy": r.policy, "platform": r.platform, "skipped": why, "runs": []})
     if not ran:
-        raise MoefleetError("--measure: no policy that can run for real ran here",
-                            "use a platform with functions (e.g. alibaba-fc-gpu)")
-    ok = sorted((r for r in ran if r.meets_slo), key=lambda r: r.cost_per_1m or 0.0)
-    rest = sorted((r for r in ran if not r.meets_slo), key=lambda r: r.cost_per_1m or 0.0)
-    pick = (ok + rest)[:k]
+        raise MoefleetError("--measure: no policy that can run for real here ran"
+                            + (" (the GPU layouts need CUDA)" if skipped else ""),
+                            "use a platform with CPU functions (e.g. aws-lambda)")
+    pick = ran[:k]
     mini = mini_scenario(sc)
-    out = []
     for row in pick:
         sim = simulated_row(mini, row.policy)
         runs = []

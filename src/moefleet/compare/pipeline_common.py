@@ -34,7 +34,8 @@ def profile_of(sc: Scenario) -> ComputeProfile:
     return ComputeProfile(model=d.name, hidden_size=d.hidden, moe_layers=moe,
                           experts={b: law(d.expert_params) for b in moe},
                           segments=[law(seg) for _ in moe],
-                          bytes_per_token=d.hidden * FP32, machine={"estimated": True})
+                          bytes_per_token=d.hidden * FP32, machine={"estimated": True},
+                          runtime_bytes={"compare": int(sc.runtime_mb * 2**20)})
 
 
 # expert-passes per row: requests x (1 + output tokens) x MoE layers x experts

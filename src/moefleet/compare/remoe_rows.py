@@ -42,7 +42,7 @@ def problem(sc: Scenario, s_LE: np.ndarray, gpu: bool = True) -> RemoeProblem:
     load = sc.spec.storage.bandwidth_bytes_per_s if sc.spec.storage is not None else 0.0
     return problem_for(sc.dims, sc.timing, sc.spec, s_LE, n_in=sc.n_in, n_out=sc.n_out,
                        ttft_slo_s=sc.slo_ttft_s, tpot_slo_s=sc.slo_tpot_s, gpu=gpu,
-                       load_bytes_s=load)
+                       load_bytes_s=load, runtime_mb=sc.runtime_mb)
 
 
 def plan_relaxed(p: RemoeProblem, kind: str) -> tuple[Any, float]:

@@ -30,6 +30,7 @@ from moefleet.errors import MoefleetError
 from moefleet.plan.remoe.shapes import ModelDims, Timing, measure_cpu
 from moefleet.platform.catalog import load_platform
 from moefleet.platform.specs import PlatformSpec
+from moefleet.profiles.gpu import RUNTIME_MB
 
 _TIMING: dict[str, Timing] = {}
 
@@ -92,6 +93,9 @@ class Scenario:
     keep_alive_s: float = 600.0
     skew: float = 1.0
     notes: list[str] = field(default_factory=list)
+    #: Memory a function's runtime (interpreter, torch, handlers) holds before any
+    #: parameter: every plan, Remoe's and ODS/BO's alike, leaves room for it.
+    runtime_mb: float = RUNTIME_MB
 
     @property
     def duration_s(self) -> float:
@@ -116,13 +120,15 @@ class Scenario:
                 "routing": f"synthetic Zipf({self.skew:g}) per layer, seeded order; "
                            "predictions from a 2,048-token sample of it",
                 "cpu_timing": self.timing.source, "traffic_detail": self.traffic.described,
+                "runtime_footprint_mb": self.runtime_mb,
                 "notes": self.notes}
 
 
 def build_scenario(model: str, platform: str, traffic: str, *, slo_ttft_s: float,
                    slo_tpot_s: float, duration_s: float, rate_scale: float = 1.0,
                    seed: int = 0, quick: bool = False, interval_s: float = 10.0,
-                   skew: float = 1.0, dims: ModelDims | None = None) -> Scenario:
+                   skew: float = 1.0, dims: ModelDims | None = None,
+                   runtime_mb: float | None = None) -> Scenario:
     """Resolve every input (a bad one raises a one-line error before any work).
     ``dims`` (optional) is the shape of ``model`` when the caller has it already."""
     for name, v in (("--slo-ttft", slo_ttft_s), ("--slo-tpot", slo_tpot_s)):
@@ -144,4 +150,5 @@ def build_scenario(model: str, platform: str, traffic: str, *, slo_ttft_s: float
     real = skewed_routing(dims, skew, seed)
     pred = predicted_routing(real, dims.top_k, 2048, seed)
     return Scenario(model, dims, spec, tr, slo_ttft_s, slo_tpot_s, timing_for(dims), real,
-                    pred, seed, quick, interval_s, skew=skew, notes=notes)
+                    pred, seed, quick, interval_s, skew=skew, notes=notes,
+                    runtime_mb=RUNTIME_MB if runtime_mb is None else runtime_mb)

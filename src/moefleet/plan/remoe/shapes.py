@@ -146,7 +146,8 @@ def problem_for(dims: ModelDims, timing: Timing, spec: Any, s_LE: np.ndarray, *,
                 main_memory_mb: list[int] | None = None,
                 remote_memory_mb: list[int] | None = None, gpu: bool = True,
                 max_replicas: int = 8, model: str | None = None,
-                remote_spec: Any = None, load_bytes_s: float = 0.0) -> RemoeProblem:
+                remote_spec: Any = None, load_bytes_s: float = 0.0,
+                runtime_mb: float = RUNTIME_MB) -> RemoeProblem:
     """A problem on platform ``spec`` (a faas PlatformSpec). CPU price per GB-s is memory
     plus one vCPU per GB (1 GB = 1 vCPU, the paper's assumption); GPU price per GB of GPU
     memory, billed in the platform's slices. Memory options default to the platform's
@@ -214,5 +215,5 @@ def problem_for(dims: ModelDims, timing: Timing, spec: Any, s_LE: np.ndarray, *,
         max_replicas=min(max_replicas, rspec.limits.max_replicas),
         max_vcpus=max_vcpus, cpu_mem_price_gb_s=rpr.per_gb_s, load_bytes_s=load_bytes_s,
         gpu_card_gb=float(spec.gpu.memory_gb) if spec.gpu is not None else math.inf,
-        runtime_mb=RUNTIME_MB, gpu_runtime_mb=GPU_RUNTIME_MB if gpu else 0.0,
+        runtime_mb=runtime_mb, gpu_runtime_mb=GPU_RUNTIME_MB if gpu else 0.0,
         platform=spec.name if rspec is spec else f"{spec.name}+{rspec.name}")

@@ -1,0 +1,65 @@
+"""``compare --measure`` runs what the simulator prices: a Remoe layout one request per
+main function (no batching across requests, TTFT from the main's start), an ODS/BO plan
+as one batch; and every plan leaves room for the functions' runtime footprint, so an
+ODS/BO plan run for real starts on the local backend instead of running out of memory."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from moefleet.compare.measure import _plan_for, mini_scenario, run_real
+from moefleet.compare.scenario import Scenario, build_scenario
+from moefleet.compare.shapes import dims_from_adapter
+from moefleet.models.hf import HFMoEAdapter
+from moefleet.models.tiny import tiny_model
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@functools.cache
+def adapter() -> HFMoEAdapter:
+    return HFMoEAdapter(tiny_model("mixtral"))
+
+
+def _scenario(platform: str, runtime_mb: float | None = None) -> Scenario:
+    a = adapter()
+    return build_scenario(a.name, platform, "poisson:rate=1", slo_ttft_s=2.0,
+                          slo_tpot_s=0.2, duration_s=30, dims=dims_from_adapter(a),
+                          quick=True, runtime_mb=runtime_mb)
+
+
+@pytest.mark.parametrize("runtime_mb", [256.0, 700.0])
+def test_ods_plans_leave_room_for_the_runtime_footprint(runtime_mb: float) -> None:
+    sc = _scenario("aws-lambda", runtime_mb)
+    plan = _plan_for(sc, "ods-predicted", adapter())
+    memories = [e.memory_mb for lp in plan.layers for e in lp.experts]
+    assert memories and min(memories) >= runtime_mb, (runtime_mb, sorted(set(memories)))
+    assert sc.describe()["runtime_footprint_mb"] == runtime_mb
+
+
+def test_remoe_plans_leave_room_for_the_runtime_footprint() -> None:
+    small = _plan_for(_scenario("aws-lambda", 256.0), "remoe-cpu", adapter())
+    big = _plan_for(_scenario("aws-lambda", 900.0), "remoe-cpu", adapter())
+    assert small.main is not None and big.main is not None
+    assert big.main.memory_mb >= 900 > small.main.memory_mb
+
+
+def test_remoe_measured_one_request_per_main_ods_as_a_batch() -> None:
+    """The measured run takes the deployment's shape: Remoe requests alone (TTFT from
+    their main's start, so no request waits on another's), ODS/BO requests together."""
+    from moefleet.profiles.footprint import measure_runtime_footprint
+
+    local_mb = measure_runtime_footprint("local") / 2**20
+    sc = mini_scenario(_scenario("aws-lambda", max(256.0, local_mb)))
+    a = adapter()
+    remoe = run_real(sc, "remoe-cpu", a, salc=False)
+    assert "error" not in remoe and not remoe["errors"], remoe
+    assert remoe["requests_at_once"] == 1
+    assert remoe["output_tokens"] == sum(x.output_tokens or 1 for x in sc.traffic.arrivals)
+    ods = run_real(sc, "ods-predicted", a, salc=False)
+    assert "error" not in ods and not ods["errors"], ods  # it started: no OOM
+    assert ods["requests_at_once"] == len(sc.traffic.arrivals)
+    # alone, the slowest first token is one request's prefill, not the whole queue's
+    assert remoe["ttft_p95_s"] < remoe["wall_s"] / 2
