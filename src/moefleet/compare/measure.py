@@ -16,8 +16,9 @@ Runnable for real: plans with functions (Remoe's layouts, the composed policy wi
 SALC-controlled brownout stack, ODS/BO plans). Monolithic and sMoE rows are simulated
 only (an in-process engine is not a serverless bill; sMoE needs pods). A layout whose
 main function holds a GPU is measured only where CUDA is: run on this CPU and billed at
-the GPU's price it says nothing about the simulated GPU row (it measured 16-230x the
-simulated cost), so without a GPU it is skipped and the result says why.
+the GPU's price it says nothing about the simulated GPU row (on tiny-moe-lm it measured
+16-79x the simulated cost and 29-229x its P95 TPOT), so without a GPU it is skipped and
+the result says why.
 """
 
 from __future__ import annotations
