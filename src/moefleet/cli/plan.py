@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections import Counter
 from pathlib import Path
 from tokenize import TokenError  # np.load's header parser raises it on a mangled header
@@ -85,30 +83,28 @@ def load_counts(path: Path) -> tuple[Any, list[int] | None, int | None, str | No
     )
 
 
-def load_profile(profile: Path | None, model: str | None) -> Any:  # -> ComputeProfile
+def load_profile(profile: Path | None, model: str | None,
+                 dtype: str | None = None) -> Any:  # -> ComputeProfile
+    """``--profile``, else the cached (measured once) profile of ``--model`` in ``dtype``."""
+    from moefleet.profiles.cache import profile_for
     from moefleet.profiles.model import ComputeProfile
 
     if profile is not None:
+        if dtype is not None:
+            raise MoefleetError(
+                f"--dtype {dtype} applies to a profile measured from --model; --profile "
+                f"{profile} was measured in its own dtype",
+                "drop --dtype, or drop --profile and pass --model (measured in that dtype)")
         return ComputeProfile.load(profile)
     if model is None:
         raise MoefleetError("plan needs --profile or --model", "pass --profile profile.json")
-    # profile_for (measure once, then cached) lives in a colleague's module; look it up
-    # where it may be rather than import it at top level.
-    for name in ("moefleet.profiles.measure", "moefleet.profiles.cache"):
-        if importlib.util.find_spec(name) is not None:
-            fn = getattr(importlib.import_module(name), "profile_for", None)
-            if fn is not None:
-                return fn(model)
-    raise MoefleetError(
-        "no --profile given, and this moefleet cannot measure compute profiles",
-        "pass --profile profile.json (a compute profile measured for the model)",
-    )
+    return profile_for(model, dtype=dtype)
 
 
 def make_plan(
     *, model: str | None, policy: str, platform: str, slo: float, counts: Path,
     profile: Path | None, tokens: int | None, max_replicas: int, time_limit: float, seed: int,
-    warm_instances: bool = False,
+    warm_instances: bool = False, dtype: str | None = None,
 ) -> Any:  # -> DeploymentPlan
     """The library call behind ``moefleet plan``. ``warm_instances``: price the plan under
     the warm-instances variant of the cost model (``PlanningProblem.warm_instances``; the
@@ -119,7 +115,7 @@ def make_plan(
     spec = load_platform(platform)
     planner = get_planner(policy, time_limit_s=time_limit)
     counts_LE, experts, trace_tokens, trace_model = load_counts(counts)
-    prof = load_profile(profile, model)
+    prof = load_profile(profile, model, dtype)
     check_same_model(prof, model, trace_model, counts_LE)
     problem = PlanningProblem.from_profile(
         prof, spec, counts_LE, slo, model=model, num_experts=experts,
@@ -196,6 +192,10 @@ def plan_cmd(
     ] = None,
     timing: Annotated[Path | None, typer.Option(
         help="Remoe: timing JSON (default: measure this machine's CPU FLOP rate).")] = None,
+    dtype: Annotated[str | None, typer.Option(
+        help="The model's weights in auto (the faster measured one on this CPU), bfloat16, "
+             "float16 or float32 for the profile measured from --model (ODS) or the "
+             "model's sizes (Remoe). Default: the checkpoint's.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Plan memory, replicas and scatter-gather methods for the cheapest billed cost
@@ -211,11 +211,16 @@ def plan_cmd(
     if policy in REMOE_POLICIES:
         with user_errors():
             check_outputs(("--out", out), stdout=("--out",), json_mode=as_json)
+            if dtype is not None:
+                from moefleet.models.dtypes import check_dtype_name
+
+                check_dtype_name(dtype)
             plan = make_remoe_plan(
                 policy=policy, model=model, platform=platform,
                 remote_platform=remote_platform, activation=activation, ttft=ttft,
                 tpot=tpot, n_in=n_in, n_out=n_out, main_memory=main_memory,
-                remote_memory=remote_memory, timing=timing, max_replicas=max_replicas)
+                remote_memory=remote_memory, timing=timing, max_replicas=max_replicas,
+                dtype=dtype)
             write_data(out, plan.to_yaml())
         if as_json:
             emit_json({"out": str(out), "policy": plan.policy, "predicted": plan.predicted,
@@ -227,6 +232,10 @@ def plan_cmd(
         return
     with user_errors():
         check_outputs(("--out", out), stdout=("--out",), json_mode=as_json)
+        if dtype is not None:
+            from moefleet.models.dtypes import check_dtype_name
+
+            check_dtype_name(dtype)
         if slo is None or counts is None:
             raise MoefleetError(
                 "moefleet plan needs --slo and --counts",
@@ -235,7 +244,7 @@ def plan_cmd(
         plan = make_plan(
             model=model, policy=policy, platform=platform, slo=slo, counts=counts,
             profile=profile, tokens=tokens, max_replicas=max_replicas,
-            time_limit=time_limit, seed=seed, warm_instances=warm_instances,
+            time_limit=time_limit, seed=seed, warm_instances=warm_instances, dtype=dtype,
         )
         write_data(out, plan.to_yaml())
     if as_json:

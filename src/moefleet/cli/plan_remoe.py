@@ -59,13 +59,18 @@ def load_activation(path: Path, model: str) -> Any:
                     "np.save the (layers, experts) activation distribution")
 
 
-def _dims(name: str) -> Any:  # -> ModelDims
-    """The planner's published shape, else the dimensions of the model itself (zoo)."""
+def _dims(name: str, dtype: str | None = None) -> Any:  # -> ModelDims
+    """The planner's published shape, else the dimensions of the model itself (zoo), its
+    weights in ``dtype`` (None: the published shape's bf16, the checkpoint's)."""
+    import dataclasses
+
     from moefleet.errors import UnknownNameError
     from moefleet.plan.remoe.shapes import model_dims
+    from moefleet.profiles.cache import concrete_dtype
 
+    concrete = concrete_dtype(dtype)
     try:
-        return model_dims(name)
+        dims = model_dims(name)
     except (UnknownNameError, MoefleetError) as err:
         from moefleet.models.registry import load_adapter
         from moefleet.models.zoo import has_entry
@@ -73,14 +78,23 @@ def _dims(name: str) -> Any:  # -> ModelDims
 
         if not has_entry(name):
             raise err from None
-        return dims_from_adapter(load_adapter(name))
+        return dims_from_adapter(load_adapter(name, dtype=concrete))
+    if concrete is None:
+        return dims
+    import torch
+
+    from moefleet.models.dtypes import DTYPES
+
+    size = torch.tensor([], dtype=DTYPES[concrete]).element_size()
+    return dataclasses.replace(dims, bytes_per_param=size)
 
 
 def make_remoe_plan(*, policy: str, model: str | None, platform: str,
                     remote_platform: str | None, activation: Path | None,
                     ttft: float | None, tpot: float | None, n_in: int, n_out: int,
                     main_memory: list[int] | None, remote_memory: list[int] | None,
-                    timing: Path | None, max_replicas: int) -> Any:  # -> DeploymentPlan
+                    timing: Path | None, max_replicas: int,
+                    dtype: str | None = None) -> Any:  # -> DeploymentPlan
     """The library calls behind ``moefleet plan --policy remoe`` (and its baselines)."""
     from moefleet.plan.remoe import plan_policy
     from moefleet.plan.remoe.shapes import Timing, measure_cpu, problem_for
@@ -92,7 +106,7 @@ def make_remoe_plan(*, policy: str, model: str | None, platform: str,
             "e.g. moefleet plan --policy remoe --model deepseek-v2-lite --platform "
             "alibaba-fc-gpu --ttft 30 --tpot 1 --activation s.npy -o plan.yaml")
     name = model or "deepseek-v2-lite"
-    dims = _dims(name)
+    dims = _dims(name, dtype)
     s_LE = load_activation(activation, name)
     spec = load_platform(platform)
     rspec = load_platform(remote_platform) if remote_platform is not None else None

@@ -25,32 +25,49 @@ from moefleet.profiles.model import ComputeProfile
 PROFILE_FILE = "compute_profile.json"
 
 
-def profile_path(model_name: str) -> Path:
-    """Where :func:`profile_for` keeps the profile of ``model_name``."""
+def profile_path(model_name: str, dtype: str | None = None) -> Path:
+    """Where :func:`profile_for` keeps the profile of ``model_name`` (in ``dtype``, a
+    concrete dtype name; None: the checkpoint's, the file without a suffix)."""
     from moefleet.models import zoo
 
+    suffix = "" if dtype is None else f"-{dtype}"
     if zoo.has_entry(model_name):
-        return zoo.model_dir(model_name) / PROFILE_FILE
+        return zoo.model_dir(model_name) / PROFILE_FILE.replace(".json", f"{suffix}.json")
     path = Path(model_name).expanduser()
     ref = str(path.resolve()) if path.exists() else model_name
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(ref).name or ref)[:60]
     digest = hashlib.sha256(ref.encode()).hexdigest()[:10]
-    return cache_dir() / "profiles" / f"{slug}-{digest}.json"
+    return cache_dir() / "profiles" / f"{slug}-{digest}{suffix}.json"
+
+
+def concrete_dtype(dtype: str | None) -> str | None:
+    """``auto`` on this CPU as the dtype it picks (measured once); others unchanged."""
+    if dtype != "auto":
+        return dtype
+    from moefleet.models.dtypes import dtype_name, fastest_cpu_dtype
+
+    return dtype_name(fastest_cpu_dtype()[0])
 
 
 def profile_for(
-    model_name: str, *, refresh: bool = False, **measure_kwargs: Any
+    model_name: str, *, refresh: bool = False, dtype: str | None = None,
+    **measure_kwargs: Any
 ) -> ComputeProfile:
-    """The compute profile of ``model_name`` (zoo name, directory or hub id).
+    """The compute profile of ``model_name`` (zoo name, directory or hub id) with its
+    weights in ``dtype`` (``auto|bfloat16|float16|float32``; None: the checkpoint's).
 
     Measured with :func:`~moefleet.profiles.measure.measure_profile` (defaults, or
     ``measure_kwargs``) the first time or when ``refresh``; later calls read the cached
-    JSON in milliseconds. Builds a zoo model first if it is not built yet. A cached
-    profile without the memory fields (footprint, intermediate bytes) gets them measured
-    and saved (a few seconds), its time laws unchanged.
+    JSON in milliseconds (one file per dtype). Builds a zoo model first if it is not built
+    yet. A cached profile without the memory fields (footprint, intermediate bytes) gets
+    them measured and saved (a few seconds), its time laws unchanged.
     """
-    target = profile_path(model_name)
-    from moefleet.models import load_adapter
+    dtype = concrete_dtype(dtype)
+    target = profile_path(model_name, dtype)
+    from moefleet.models import load_adapter as _load
+
+    def load_adapter(name: str) -> Any:
+        return _load(name, dtype=dtype)
 
     if target.is_file() and not refresh:
         try:
@@ -69,6 +86,6 @@ def profile_for(
     adapter = load_adapter(model_name)
     profile = measure_profile(adapter, **measure_kwargs)
     # A zoo build may have (re)created the model directory: compute the path again.
-    target = profile_path(model_name)
+    target = profile_path(model_name, dtype)
     profile.save(target)
     return profile

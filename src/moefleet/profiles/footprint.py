@@ -129,7 +129,9 @@ def intermediate_per_token(module: Any, hidden: int, *, small: int = 64,
     import torch
 
     gen = torch.Generator().manual_seed(0)
-    lo = peak_forward_bytes(module, torch.randn(small, hidden, generator=gen))
-    hi = peak_forward_bytes(module, torch.randn(large, hidden, generator=gen))
+    dtype = next(module.parameters()).dtype  # activations in the expert's own dtype
+    lo = peak_forward_bytes(module, torch.randn(small, hidden, generator=gen).to(dtype))
+    hi = peak_forward_bytes(module, torch.randn(large, hidden, generator=gen).to(dtype))
     slope = (hi - lo) / (large - small)
-    return max(0, round(slope) - hidden * 4)
+    out_bytes = hidden * torch.tensor([], dtype=dtype).element_size()  # eq. 12c's D_out
+    return max(0, round(slope) - out_bytes)

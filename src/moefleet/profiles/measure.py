@@ -110,9 +110,13 @@ def check_grid(
 def _expert_runners(
     expert: torch.nn.Module, sizes: Sequence[int], hidden: int, gen: torch.Generator
 ) -> tuple[list[Callable[[], object]], list[int]]:
+    # inputs in the expert's own dtype (a bf16 expert refuses fp32 activations); drawn in
+    # fp32 first so every dtype times the same numbers
+    dtype = next(expert.parameters()).dtype
     runners: list[Callable[[], object]] = []
     for n in sizes:
-        runners.append(functools.partial(expert, torch.randn(n, hidden, generator=gen)))
+        x_ND = torch.randn(n, hidden, generator=gen).to(dtype)
+        runners.append(functools.partial(expert, x_ND))
     return runners, list(sizes)
 
 
