@@ -104,6 +104,7 @@ def main() -> None:
         sys.exit(f"error: guidellm not found at {args.guidellm!r}\n"
                  "hint: install it in its own venv (see this script's docstring) and pass "
                  "--guidellm PATH")
+    from moefleet.io import write_json_atomic
     from moefleet.models import zoo
 
     if not zoo.is_built(args.model):
@@ -153,9 +154,7 @@ def main() -> None:
               "best_output_tokens_per_s": best, "strategies": rows,
               "guidellm_report": report}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_suffix(".tmp")
-    tmp_out.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    os.replace(tmp_out, args.out)
+    write_json_atomic(args.out, result)
     for r in rows:
         share = (r["output_tokens_per_s"] or 0.0) / best if best else 0.0
         print(f"{r['strategy']!s:12} rate={r['rate']!s:>8}  ok={r['requests_successful']}"

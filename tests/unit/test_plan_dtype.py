@@ -12,8 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from moefleet.cli import app
+from moefleet.models.dtypes import concrete_cpu_dtype
 from moefleet.plan import DeploymentPlan
-from moefleet.profiles.cache import concrete_dtype, profile_for, profile_path
+from moefleet.profiles.cache import profile_for, profile_path
 from tests.plan_helpers import bert_profile, skewed_counts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,8 +69,8 @@ def test_profiles_are_cached_per_dtype(tmp_path: Path, monkeypatch: pytest.Monke
     assert profile_path(name) != profile_path(name, "bfloat16") != profile_path(name,
                                                                              "float32")
     assert profile_path(name, "bfloat16").name.endswith("-bfloat16.json")
-    assert concrete_dtype("auto") in ("bfloat16", "float32")
-    assert concrete_dtype(None) is None and concrete_dtype("float16") == "float16"
+    assert concrete_cpu_dtype("auto") in ("bfloat16", "float32")
+    assert concrete_cpu_dtype(None) is None and concrete_cpu_dtype("float16") == "float16"
 
 
 def test_ods_profile_is_measured_in_the_dtype_asked_for() -> None:

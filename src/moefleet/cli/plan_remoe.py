@@ -65,10 +65,10 @@ def _dims(name: str, dtype: str | None = None) -> Any:  # -> ModelDims
     import dataclasses
 
     from moefleet.errors import UnknownNameError
+    from moefleet.models.dtypes import DTYPES, concrete_cpu_dtype
     from moefleet.plan.remoe.shapes import model_dims
-    from moefleet.profiles.cache import concrete_dtype
 
-    concrete = concrete_dtype(dtype)
+    concrete = concrete_cpu_dtype(dtype)
     try:
         dims = model_dims(name)
     except (UnknownNameError, MoefleetError) as err:
@@ -81,12 +81,7 @@ def _dims(name: str, dtype: str | None = None) -> Any:  # -> ModelDims
         return dims_from_adapter(load_adapter(name, dtype=concrete))
     if concrete is None:
         return dims
-    import torch
-
-    from moefleet.models.dtypes import DTYPES
-
-    size = torch.tensor([], dtype=DTYPES[concrete]).element_size()
-    return dataclasses.replace(dims, bytes_per_param=size)
+    return dataclasses.replace(dims, bytes_per_param=DTYPES[concrete].itemsize)
 
 
 def make_remoe_plan(*, policy: str, model: str | None, platform: str,

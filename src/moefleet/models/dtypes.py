@@ -95,6 +95,12 @@ def resolve_dtype(requested: str | torch.dtype | None, checkpoint: torch.dtype,
     return DtypeChoice(chosen, why)
 
 
+def concrete_cpu_dtype(name: str | None) -> str | None:
+    """``auto`` as the dtype it picks on this CPU (measured once); other names, and None
+    (the checkpoint's), unchanged."""
+    return dtype_name(fastest_cpu_dtype()[0]) if name == "auto" else name
+
+
 def fastest_cpu_dtype() -> tuple[torch.dtype, float]:
     """(bfloat16 or float32, bf16's speed over fp32's), measured once and cached."""
     from moefleet.io import write_json_atomic

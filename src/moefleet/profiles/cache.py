@@ -40,15 +40,6 @@ def profile_path(model_name: str, dtype: str | None = None) -> Path:
     return cache_dir() / "profiles" / f"{slug}-{digest}{suffix}.json"
 
 
-def concrete_dtype(dtype: str | None) -> str | None:
-    """``auto`` on this CPU as the dtype it picks (measured once); others unchanged."""
-    if dtype != "auto":
-        return dtype
-    from moefleet.models.dtypes import dtype_name, fastest_cpu_dtype
-
-    return dtype_name(fastest_cpu_dtype()[0])
-
-
 def profile_for(
     model_name: str, *, refresh: bool = False, dtype: str | None = None,
     **measure_kwargs: Any
@@ -62,12 +53,11 @@ def profile_for(
     yet. A cached profile without the memory fields (footprint, intermediate bytes) gets
     them measured and saved (a few seconds), its time laws unchanged.
     """
-    dtype = concrete_dtype(dtype)
-    target = profile_path(model_name, dtype)
-    from moefleet.models import load_adapter as _load
+    from moefleet.models import load_adapter
+    from moefleet.models.dtypes import concrete_cpu_dtype
 
-    def load_adapter(name: str) -> Any:
-        return _load(name, dtype=dtype)
+    dtype = concrete_cpu_dtype(dtype)
+    target = profile_path(model_name, dtype)
 
     if target.is_file() and not refresh:
         try:
@@ -79,11 +69,11 @@ def profile_for(
         if cached is not None:  # saved before memory was measured: add it, keep the times
             from moefleet.profiles.measure import add_memory
 
-            add_memory(cached, load_adapter(model_name)).save(target)
+            add_memory(cached, load_adapter(model_name, dtype=dtype)).save(target)
             return cached
     from moefleet.profiles.measure import measure_profile
 
-    adapter = load_adapter(model_name)
+    adapter = load_adapter(model_name, dtype=dtype)
     profile = measure_profile(adapter, **measure_kwargs)
     # A zoo build may have (re)created the model directory: compute the path again.
     target = profile_path(model_name, dtype)

@@ -133,5 +133,5 @@ def intermediate_per_token(module: Any, hidden: int, *, small: int = 64,
     lo = peak_forward_bytes(module, torch.randn(small, hidden, generator=gen).to(dtype))
     hi = peak_forward_bytes(module, torch.randn(large, hidden, generator=gen).to(dtype))
     slope = (hi - lo) / (large - small)
-    out_bytes = hidden * torch.tensor([], dtype=dtype).element_size()  # eq. 12c's D_out
+    out_bytes = hidden * dtype.itemsize  # eq. 12c's D_out
     return max(0, round(slope) - out_bytes)
