@@ -166,12 +166,13 @@ def host_reads(adapter: Any, ids: list[list[int]], a: argparse.Namespace,
 
 def load_rss(model: str, dtype: str) -> dict[str, Any]:
     """Peak RSS of building ``model`` in a fresh process, over its weight bytes."""
-    code = ("import resource, json, torch\n"
+    # VmHWM, not ru_maxrss: Linux carries this (parent) process's peak into the child.
+    code = ("import json, torch\n"
             "from moefleet.models.registry import load_adapter\n"
+            "from moefleet.runtime.local_limits import peak_bytes\n"
             f"a = load_adapter({model!r}, dtype={dtype!r})\n"
             "w = sum(p.numel() * p.element_size() for p in a.model.parameters())\n"
-            "print(json.dumps({'weight_bytes': w, 'peak_rss_bytes': "
-            "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))\n")
+            "print(json.dumps({'weight_bytes': w, 'peak_rss_bytes': peak_bytes()}))\n")
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=1800)
