@@ -61,18 +61,21 @@ def measured_table(data: dict[str, Any]) -> Any:
     from moefleet.report.tables import Col, fit_table, sig3
 
     cols = [Col("policy", numeric=False), Col("run"), Col("meas. $/1M"), Col("sim. $/1M"),
-            Col("cost ratio"), Col("meas. TPOT p95 s"), Col("sim. TPOT p95 s"),
-            Col("P95 ratio")]
+            Col("cost ratio"), Col("meas. TTFT p95 s"), Col("sim. TTFT p95 s"),
+            Col("TTFT ratio"), Col("meas. TPOT p95 s"), Col("sim. TPOT p95 s"),
+            Col("TPOT ratio")]
     rows = []
     for m in data["measured"]:
+        sim = m.get("simulated", {})
         for i, r in enumerate(m["runs"]):
             if "error" in r:
-                rows.append([m["policy"], str(i + 1), "error", "-", "-", "-", "-", "-"])
+                rows.append([m["policy"], str(i + 1), "error", *["-"] * 8])
                 continue
             rows.append([m["policy"], str(i + 1), sig3(r["cost_per_1m_usd"]),
-                         sig3(m["simulated"]["cost_per_1m_usd"]), sig3(r["cost_ratio"]),
-                         sig3(r["tpot_p95_s"]), sig3(m["simulated"]["tpot_p95_s"]),
-                         sig3(r["tpot_p95_ratio"])])
+                         sig3(sim["cost_per_1m_usd"]), sig3(r["cost_ratio"]),
+                         sig3(r["ttft_p95_s"]), sig3(sim["ttft_p95_s"]),
+                         sig3(r["ttft_p95_ratio"]), sig3(r["tpot_p95_s"]),
+                         sig3(sim["tpot_p95_s"]), sig3(r["tpot_p95_ratio"])])
     return fit_table("measured (local backend) vs simulated, same requests", cols, rows)
 
 

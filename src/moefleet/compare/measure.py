@@ -10,7 +10,11 @@ the deployment's shape: a Remoe layout gives each request a main function of its
 (nothing batches across requests, and a main's bill is its request's alone), so those
 requests run one at a time, each timed from the start of its main; an ODS/BO plan serves
 them as one batch, as its simulation does. Each policy runs ``repeats`` times and every
-run is reported (no best-of).
+run is reported (no best-of). The local backend stands in for the platform with its
+startup and its object store emulated (:func:`platform_emulation`): a local cold start
+skips the runtime start a platform pays, and a local directory is far faster than S3, so
+without them every measured run would read cheaper and faster than the platform would be.
+Both sides' TTFT and TPOT P95 are compared (a run meets the bars with both within 25%).
 
 Runnable for real: plans with functions (Remoe's layouts, the composed policy with a
 SALC-controlled brownout stack, ODS/BO plans). Monolithic and sMoE rows are simulated
@@ -109,7 +113,7 @@ def run_real(sc: Scenario, policy: str, adapter: Any, *, salc: bool) -> dict[str
     alone = policy not in ODS
     t0 = time.perf_counter()
     with open_engine(adapter, plan=plan, stack=StackOptions(brownout=brown),
-                     backend="local", platform=sc.spec,
+                     backend="local", platform=sc.spec, backend_options=platform_emulation(sc),
                      options=EngineOptions(max_num_seqs=1 if alone else len(prompts))
                      ) as opened:
         run = run_billed(opened, prompts, params)
@@ -129,6 +133,17 @@ def run_real(sc: Scenario, policy: str, adapter: Any, *, salc: bool) -> dict[str
             "tpot_p95_s": float(np.percentile(tpot, 95)) if tpot else None,
             "wall_s": time.perf_counter() - t0, "notes": notes,
             "errors": errors}
+
+
+def platform_emulation(sc: Scenario) -> dict[str, Any]:
+    """The local backend standing in for the scenario's platform as its simulation prices
+    it: the platform's cold and warm start on every call, its object store's latency and
+    bandwidth on every store request (both emulated, both only ever slow a run down)."""
+    opts: dict[str, Any] = {"startup": "platform"}
+    if sc.spec.storage is not None:
+        opts["store_latency"] = (sc.spec.storage.access_latency_s,
+                                 sc.spec.storage.bandwidth_bytes_per_s)
+    return opts
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -188,8 +203,10 @@ def measure(sc: Scenario, rows: list[Row], k: int, adapter: Any, repeats: int = 
                  "runs": runs,
                  "bars": {"cost_within_20pct": [abs((r.get("cost_ratio") or 0) - 1) <= 0.2
                                                 for r in runs],
-                          "p95_within_25pct": [abs((r.get("tpot_p95_ratio") or 0) - 1)
-                                               <= 0.25 for r in runs]}}
+                          "ttft_p95_within_25pct": [abs((r.get("ttft_p95_ratio") or 0) - 1)
+                                                    <= 0.25 for r in runs],
+                          "tpot_p95_within_25pct": [abs((r.get("tpot_p95_ratio") or 0) - 1)
+                                                    <= 0.25 for r in runs]}}
         row.measured = entry
         out.append(entry)
     return out

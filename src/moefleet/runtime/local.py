@@ -54,14 +54,12 @@ from moefleet.runtime.base import (
 from moefleet.runtime.errors import (
     BackendClosedError,
     InvalidFunctionSpecError,
-    ThrottledError,
-    UnknownFunctionError,
 )
+from moefleet.runtime.local_admit import InstanceBook
 from moefleet.runtime.local_limits import EMULATED_NOTE, limits_default
 from moefleet.runtime.local_pool import (
     Call,
     DeployedFunction,
-    HostedInstance,
     LostWorker,
     Worker,
     WorkerPool,
@@ -69,6 +67,7 @@ from moefleet.runtime.local_pool import (
     process_memory_mb,
     store_config,
 )
+from moefleet.runtime.local_startup import StartupEmulation
 from moefleet.runtime.local_worker import send_msg
 from moefleet.runtime.nested import serve_in_thread
 from moefleet.runtime.replies import (
@@ -80,10 +79,8 @@ from moefleet.runtime.replies import (
 )
 from moefleet.runtime.retry import call_with_retries
 
-_TICK_S = 0.05  # housekeeping period (deadlines, keep-alive)
 
-
-class LocalBackend(FunctionBackend):
+class LocalBackend(InstanceBook, FunctionBackend):
     """Worker-process backend. ``store`` is where handlers read weights and exchange tensors
     (path, URL or ObjectStore with a ``url``); ``workers`` the pool size (default:
     :func:`default_workers`, refused past the memory). A crashed call is retried
@@ -92,7 +89,9 @@ class LocalBackend(FunctionBackend):
     ``store_latency`` = (seconds, bytes/s) emulates a remote store; ``store_wrap`` =
     ("module:factory", options) wraps the workers' store (fault injection); ``main_workers``
     sizes the main functions' pool; ``max_threads`` caps every instance's torch threads
-    (on a shared machine a 2-thread instance measures the other jobs' contention)."""
+    (on a shared machine a 2-thread instance measures the other jobs' contention);
+    ``startup="platform"`` adds the platform's cold and warm start to every call
+    (:mod:`moefleet.runtime.local_startup`; default ``"measured"``: what this machine took)."""
 
     name = "local"
 
@@ -115,8 +114,10 @@ class LocalBackend(FunctionBackend):
         wire: str = "raw",
         main_workers: int = 1,
         max_threads: int | None = None,
+        startup: str = "measured",
     ) -> None:
         self.platform = load_platform(platform) if isinstance(platform, str) else platform
+        self._startup = StartupEmulation.of(self.platform, startup)
         if wire not in ("raw", "base64"):
             raise InvalidFunctionSpecError(f"wire must be 'raw' or 'base64', got {wire!r}",
                                            "base64 emulates the aws backend's envelope")
@@ -171,32 +172,6 @@ class LocalBackend(FunctionBackend):
             with w.send_lock:
                 send_msg(w.conn, reply, out)
         serve_in_thread(self, header, body, answer)
-
-    def _housekeep(self) -> None:
-        while not self._closed:
-            time.sleep(_TICK_S)
-            now = time.monotonic()
-            with self._cond:
-                pools = list(self._pools.values())
-                for pool in pools:
-                    pool.enforce_deadlines(now)
-                for fn in self._functions.values():
-                    for inst in [i for i in fn.instances if i.in_flight == 0
-                                 and now - i.last_used > fn.spec.keep_alive_s]:
-                        self._retire(fn, inst)
-            for pool in pools:
-                pool.flush_unloads()
-
-    def _worker(self, inst: HostedInstance) -> Worker | None:
-        w = self._pools[inst.pool].workers[inst.slot]
-        return w if w is not None and w.alive else None
-
-    def _retire(self, fn: DeployedFunction, inst: HostedInstance) -> None:
-        fn.instances.remove(inst)
-        w = self._worker(inst)
-        if w is not None:
-            w.hosted.discard(inst.id)
-            w.pending_unload.append(inst.id)
 
     # -- FunctionBackend -----------------------------------------------------------------
     def deploy(self, spec: FunctionSpec) -> FunctionSpec:
@@ -253,6 +228,7 @@ class LocalBackend(FunctionBackend):
             out: dict[str, Any] = {**self._counters,
                                    "respawns": sum(p.respawns for p in self._pools.values())}
             out["limits"] = EMULATED_NOTE if self.limits else "off"
+            out["startup"] = self._startup.note if self._startup else "measured"
             workers = [w for p in self._pools.values() for w in p.live()]
             out["instances"] = sum(len(fn.instances) for fn in self._functions.values())
         out["workers"] = [{"slot": w.slot, "pid": w.pid, "instances": len(w.hosted),
@@ -275,44 +251,6 @@ class LocalBackend(FunctionBackend):
     def _count_retry(self) -> None:
         with self._cond:
             self._counters["retries"] += 1
-
-    def _function(self, name: str) -> DeployedFunction:
-        if name not in self._functions:
-            raise UnknownFunctionError(
-                f"no function named {name!r} is deployed on the local backend",
-                f"deployed: {', '.join(sorted(self._functions)) or 'none'}")
-        return self._functions[name]
-
-    def _admit(self, name: str) -> tuple[DeployedFunction, HostedInstance, bool]:
-        """Pick a warm instance, or cold-start one on an idle worker; wait otherwise."""
-        spec = self._function(name).spec
-        limit = self.admission_timeout_s or spec.timeout_s + 60.0
-        deadline = time.monotonic() + limit
-        while True:
-            if self._closed:
-                raise BackendClosedError("the local backend was torn down", "create a new one")
-            fn = self._function(name)
-            warm = [i for i in fn.instances if i.in_flight < fn.spec.concurrency
-                    and (w := self._worker(i)) is not None
-                    and len(w.outstanding) == i.in_flight]
-            if warm:
-                return fn, min(warm, key=lambda i: (i.in_flight, -i.last_used)), False
-            if len(fn.instances) < fn.spec.replicas:
-                key = "main" if fn.spec.kind == "main" else "fn"
-                idle = [w for w in self._pools[key].live() if not w.outstanding]
-                if idle:
-                    w = min(idle, key=lambda w: (len(w.hosted), w.slot))
-                    inst = HostedInstance(f"{name}#{next(self._ids)}", name, w.slot, key)
-                    fn.instances.append(inst)
-                    w.hosted.add(inst.id)
-                    return fn, inst, True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ThrottledError(
-                    f"{name}: no instance slot free within {limit:g} s (replicas="
-                    f"{fn.spec.replicas}, concurrency={fn.spec.concurrency})",
-                    "scale the function up or send fewer concurrent requests")
-            self._cond.wait(min(left, 0.5))
 
     def _attempt(self, name: str, payload: bytes, request_id: str | None) -> InvokeResult:
         with self._cond:
@@ -349,8 +287,12 @@ class LocalBackend(FunctionBackend):
         except (OSError, ValueError):
             pass  # the worker died; its receiver thread marks the call lost
         finished = call.done.wait(max(0.0, deadline - time.monotonic()) + 10.0)
+        # With startup emulated, a call that succeeded holds its instance (not its worker)
+        # through the emulated wait below.
+        held = (self._startup is not None and finished and not call.timed_out
+                and call.reply is not None and bool(call.reply.get("ok")))
         with self._cond:
-            inst.in_flight -= 1
+            inst.in_flight -= 0 if held else 1
             inst.last_used = time.monotonic()
             w.outstanding.pop(call.id, None)
             self._cond.notify_all()
@@ -376,9 +318,17 @@ class LocalBackend(FunctionBackend):
                     inst.loaded = True
                 raise reply_handler_error(name, reply)
             inst.loaded = True
-        check_payload(name, len(call.body), self._limit, "response")
         record = reply_record(spec, reply, request_id=request_id, bytes_in=len(payload),
                               bytes_out=len(call.body))
+        if self._startup is not None:
+            try:
+                record = self._startup.wait(record)
+            finally:
+                with self._cond:
+                    inst.in_flight -= 1
+                    inst.last_used = time.monotonic()
+                    self._cond.notify_all()
+        check_payload(name, len(call.body), self._limit, "response")
         with self._cond:
             self._records.append(record)
             self._counters["cold_starts"] += int(record.cold)
