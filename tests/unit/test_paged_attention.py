@@ -13,9 +13,10 @@ import torch
 from typer.testing import CliRunner
 
 from moefleet.cli import app
-from moefleet.compose import EngineOptions
+from moefleet.compose import EngineOptions, StackOptions
 from moefleet.compose.root import in_process_engine
 from moefleet.engine import SamplingParams
+from moefleet.engine.host_reads import HostReads
 from moefleet.errors import MoefleetError
 from moefleet.models.attention import resolve_attention
 from moefleet.models.hf import HFMoEAdapter
@@ -92,6 +93,28 @@ def test_engine_greedy_tokens_are_the_same_on_both_paths() -> None:
         tokens[attention] = [o.new_token_ids for o in outs]
     assert tokens["paged"] == tokens["gather"]
     assert all(len(t) == 6 for t in tokens["paged"])
+
+
+def test_a_paged_decode_step_reads_the_host_no_more_than_gather() -> None:
+    """The block masks are built from host-known sizes: a decode step still makes only
+    the runner's two reads (the step's statistics, the sampled tokens), also after other
+    models (other softmax scales) ran paged in this process: the scale is folded into
+    the query, so dynamo never makes it a value it reads back."""
+    adapter = HFMoEAdapter(tiny_model("mixtral", vocab_size=128, seed=1))
+    opened = in_process_engine(adapter, stack=StackOptions(kernel="fused"), attention="paged",
+                               block_size=4,
+                               kv_budget_bytes=adapter.kv_layout().bytes_per_token * 64)
+    engine = opened.engine
+    for i in range(4):
+        engine.add_request([7 + i, 8, 9, 10, 11][: 2 + i],
+                           SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    engine.step()  # the prefill
+    reads = []
+    while engine.has_unfinished:
+        with HostReads(keep_sites=True) as counter:
+            engine.step()
+        reads.append(counter.count)
+    assert reads and max(reads) <= 2, (reads, counter.by_name, counter.where)
 
 
 def test_auto_is_paged_on_cuda_only_and_never_for_latent_caches() -> None:

@@ -143,8 +143,13 @@ def paged_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
         raise KVCacheError("paged attention is inference-only (dropout > 0)",
                            "put the model in eval mode")
     flex = _flex_for(query.device)
-    out_BHTD = flex(query, key.to(query.dtype), value.to(query.dtype),
-                    block_mask=attention_mask.block_mask, scale=scaling,
+    # The scale goes into the query, not flex's ``scale=``: dynamo (which traces flex even
+    # in eager mode) turns a float argument that changes between calls (two models in one
+    # process) into a tensor it reads on the host in every call.
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling  # None: flex's default
+    q_BHTD = query * scale
+    out_BHTD = flex(q_BHTD, key.to(query.dtype), value.to(query.dtype),
+                    block_mask=attention_mask.block_mask, scale=1.0,
                     enable_gqa=query.shape[1] != key.shape[1],
                     kernel_options=attention_mask.kernel_options)
     return out_BHTD.transpose(1, 2).contiguous(), None
