@@ -106,7 +106,7 @@ def peak_rss_gib() -> float:
 def run_engine(adapter: Any, ids: list[list[int]], lens: list[int], a: argparse.Namespace,
                stack: StackOptions) -> tuple[list[list[int]], dict[str, Any]]:
     opened = in_process_engine(adapter, stack=stack, device=a.device,
-                               max_num_seqs=a.max_num_seqs,
+                               max_num_seqs=a.max_num_seqs, attention=a.attention,
                                kv_budget_bytes=a.kv_cache_bytes, max_model_len=a.max_model_len)
     eng = opened.engine
     # warm-up (kernel selection, first calls): two short requests, untimed
@@ -150,7 +150,7 @@ def host_reads(adapter: Any, ids: list[list[int]], a: argparse.Namespace,
     mode sees every torch call from Python, which would slow the timed run): the first
     ``max_num_seqs`` prompts, 6 tokens each."""
     eng = in_process_engine(adapter, stack=stack, device=a.device, max_num_seqs=a.max_num_seqs,
-                            max_model_len=a.max_model_len).engine
+                            max_model_len=a.max_model_len, attention=a.attention).engine
     for p in ids[: a.max_num_seqs]:
         eng.add_request(p, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
     counts = []
@@ -206,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--max-model-len", type=int, default=256)
     ap.add_argument("--kv-cache-memory", default=None, help="e.g. 1GiB (default: sized)")
+    ap.add_argument("--attention", default="gather", choices=["gather", "paged", "auto"],
+                    help="how attention reads the KV cache (paged: FlexAttention, no gather)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -215,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device(a.device)
     res: dict[str, Any] = {"model": a.model, "dtype": a.dtype, "device": a.device,
                            "note": RANDOM_NOTE, "torch_threads": torch.get_num_threads(),
-                           "max_num_seqs": a.max_num_seqs, "runs": {}}
+                           "max_num_seqs": a.max_num_seqs, "attention": a.attention,
+                           "runs": {}}
     if dev.type == "cuda":
         res["card"] = torch.cuda.get_device_name(dev)
     if a.load_model:

@@ -2,7 +2,9 @@
 
 Prefill of part of each sequence, then cached steps of a few tokens (ragged: rows start,
 advance and finish at different times) must give the logits of the model's own forward
-on the whole sequences, fp32, within 1e-4. Encoders refuse a cache.
+on the whole sequences, fp32, within 1e-4. Encoders refuse a cache. Both attention paths
+(``gather`` and ``paged``, eager FlexAttention here) are held to it, including blocks
+reused after ``free`` and a sliding window.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import pytest
 import torch
 
 from moefleet.models import MoEModelAdapter
+from moefleet.models.attention import ATTENTION_PATHS, AttentionPath
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.kv import KVCache, KVCacheError, KVCacheFull
 from moefleet.models.step import StepInput
@@ -31,15 +34,21 @@ def decoder(request: pytest.FixtureRequest) -> MoEModelAdapter:
     return HFMoEAdapter(tiny_model(request.param, vocab_size=512, seed=3), name=request.param)
 
 
+@pytest.fixture(params=ATTENTION_PATHS)
+def attention(request: pytest.FixtureRequest) -> AttentionPath:
+    return request.param
+
+
 def _seqs(vocab: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(7)
     return [torch.randint(0, min(vocab, 500), (n,), generator=g).tolist() for n in (13, 4, 9)]
 
 
-def test_prefill_then_cached_steps_equal_full_forward(decoder: MoEModelAdapter) -> None:
+def test_prefill_then_cached_steps_equal_full_forward(decoder: MoEModelAdapter,
+                                                      attention: AttentionPath) -> None:
     seqs = _seqs(decoder.vocab_size)
     full = [decoder.reference_forward(torch.tensor([s]))[0] for s in seqs]
-    cache = KVCache(decoder.kv_layout(), num_blocks=32, block_size=4)
+    cache = KVCache(decoder.kv_layout(), num_blocks=32, block_size=4, attention=attention)
     for i in range(3):
         cache.alloc(i)
     pre = [6, 1, 3]
@@ -77,9 +86,11 @@ def test_expert_counts_cover_real_tokens_only(decoder: MoEModelAdapter) -> None:
     assert all(int(c.sum()) == real * decoder.top_k for c in out.expert_counts.values())
 
 
-def test_free_returns_blocks_and_budget_is_never_exceeded(decoder: MoEModelAdapter) -> None:
+def test_free_returns_blocks_and_budget_is_never_exceeded(decoder: MoEModelAdapter,
+                                                          attention: AttentionPath) -> None:
     layout = decoder.kv_layout()
-    cache = KVCache.from_budget(layout, budget_bytes=layout.bytes_per_token * 8, block_size=4)
+    cache = KVCache.from_budget(layout, budget_bytes=layout.bytes_per_token * 8, block_size=4,
+                                attention=attention)
     assert cache.num_blocks == 2 and cache.bytes_used == 0
     cache.alloc(0)
     decoder.forward_step(StepInput.from_lists([0], [[1, 2, 3, 4, 5]], [0]), cache)
@@ -92,6 +103,58 @@ def test_free_returns_blocks_and_budget_is_never_exceeded(decoder: MoEModelAdapt
     assert cache.num_free_blocks == 2 and 0 not in cache
     decoder.forward_step(StepInput.from_lists([1], [[1]], [0]), cache)
     assert cache.length(1) == 1
+
+
+def _worst(decoder: MoEModelAdapter, cache: KVCache, rows: list[int], toks: list[list[int]],
+           starts: list[int], full: dict[int, torch.Tensor]) -> float:
+    """Run one step; the largest gap between its logits and the full forward's."""
+    out = decoder.forward_step(StepInput.from_lists(rows, toks, starts, logits="all"), cache)
+    return max(float((out.all_logits[r] - full[s][st: st + len(t)]).abs().max())  # type: ignore[operator]
+               for r, (s, t, st) in enumerate(zip(rows, toks, starts, strict=True)))
+
+
+def test_blocks_reused_after_free_equal_full_forward(decoder: MoEModelAdapter,
+                                                     attention: AttentionPath) -> None:
+    """Sequence 0 fills blocks 0-1 and is freed; sequence 1 then takes block 0 as its
+    *second* block, where 0's stale tokens sit at positions before 1's queries (a mask
+    that trusted positions alone would let them through), and a new sequence reusing id 0
+    takes block 1. Every logit still equals the full forward."""
+    g = torch.Generator().manual_seed(11)
+    vocab = min(decoder.vocab_size, 500)
+    a, b, c = (torch.randint(0, vocab, (n,), generator=g).tolist() for n in (7, 7, 5))
+    full = {0: decoder.reference_forward(torch.tensor([a]))[0],
+            1: decoder.reference_forward(torch.tensor([b]))[0]}
+    cache = KVCache(decoder.kv_layout(), num_blocks=4, block_size=4, attention=attention)
+    cache.alloc(0)
+    cache.alloc(1)
+    worst = _worst(decoder, cache, [0, 1], [a, b[:4]], [0, 0], full)
+    assert cache._tables[0] == [0, 1] and cache._tables[1] == [2]
+    cache.free(0)
+    worst = max(worst, _worst(decoder, cache, [1], [b[4:6]], [4], full))
+    assert cache._tables[1] == [2, 0]  # the freed block 0 now holds positions 4-7 of seq 1
+    if attention == "paged":  # 0's stale slots 2-3 of block 0 were cleared on reserve
+        assert cache.slot_tag[2:4].tolist() == [-1, -1]
+    cache.alloc(0)  # the id comes back: a new sequence, a new tag
+    full[0] = decoder.reference_forward(torch.tensor([c]))[0]
+    worst = max(worst, _worst(decoder, cache, [0, 1], [c[:3], b[6:]], [0, 6], full))
+    worst = max(worst, _worst(decoder, cache, [0], [c[3:]], [3], full))
+    assert worst <= 1e-4
+
+
+def test_sliding_window_layers_match_full_forward(attention: AttentionPath) -> None:
+    model = tiny_model("mixtral", vocab_size=512, seed=5)
+    model.config.sliding_window = 3  # shorter than the sequences: the window matters
+    decoder = HFMoEAdapter(model, name="mixtral-sw3")
+    seqs = _seqs(decoder.vocab_size)[:2]
+    full = {i: decoder.reference_forward(torch.tensor([s]))[0] for i, s in enumerate(seqs)}
+    cache = KVCache(decoder.kv_layout(), num_blocks=16, block_size=4, attention=attention)
+    cache.alloc(0)
+    cache.alloc(1)
+    worst = _worst(decoder, cache, [0, 1], [seqs[0][:5], seqs[1][:2]], [0, 0], full)
+    worst = max(worst, _worst(decoder, cache, [0, 1], [seqs[0][5:8], seqs[1][2:4]], [5, 2],
+                              full))
+    worst = max(worst, _worst(decoder, cache, [0], [seqs[0][8:]], [8], full))
+    assert worst <= 1e-4
 
 
 def test_unknown_sequence_is_a_clear_error(decoder: MoEModelAdapter) -> None:

@@ -46,6 +46,10 @@ KVMemoryOpt = Annotated[str | None, typer.Option(
          "for max-num-seqs full sequences, at most 2GiB)")]
 GpuUtilOpt = Annotated[float, typer.Option(
     help="GPU: fraction of the device's memory for weights, activations and KV blocks")]
+AttentionOpt = Annotated[str, typer.Option(
+    help="how attention reads the KV cache: gather (copy each sequence's history), paged "
+         "(FlexAttention over the cache blocks, no copy) or auto (paged on CUDA; on the "
+         "CPU paged is for correctness tests only)")]
 
 
 @dataclass
@@ -64,16 +68,18 @@ class DeploymentArgs:
     dtype: str = "auto"
     kv_cache_bytes: int | None = None
     gpu_memory_utilization: float = 0.9
+    attention: str = "gather"
 
 
 def parse(*, plan: str | None, backend: str, store: str | None, workers: int | None,
           brownout: str | None, inject_faults: str | None, device: str, kernel: str,
           max_num_seqs: int, dtype: str = "auto", kv_cache_memory: str | None = None,
-          gpu_memory_utilization: float = 0.9) -> DeploymentArgs:
+          gpu_memory_utilization: float = 0.9, attention: str = "gather") -> DeploymentArgs:
     """Check every shared option and read the files they name; no model loads here."""
     from moefleet.engine.build import check_engine_args, resolve_device
     from moefleet.engine.kv_sizing import check_fraction, parse_size
     from moefleet.experts.kernels import KERNELS
+    from moefleet.models.attention import ATTENTION_CHOICES
     from moefleet.models.dtypes import DTYPES, check_dtype_name, check_supported
 
     if plan is None and (store is not None or workers is not None):
@@ -86,6 +92,9 @@ def parse(*, plan: str | None, backend: str, store: str | None, workers: int | N
         raise MoefleetError("--store is empty", "name a directory or s3://bucket/prefix")
     if kernel not in KERNELS:
         raise MoefleetError(f"unknown --kernel {kernel!r}", f"use one of {', '.join(KERNELS)}")
+    if attention not in ATTENTION_CHOICES:
+        raise MoefleetError(f"unknown --attention {attention!r}",
+                            f"use one of {', '.join(ATTENTION_CHOICES)}")
     check_engine_args(device, max_num_seqs)
     check_dtype_name(dtype)
     if dtype != "auto":
@@ -94,7 +103,8 @@ def parse(*, plan: str | None, backend: str, store: str | None, workers: int | N
                           kernel=kernel, max_num_seqs=max_num_seqs, dtype=dtype,
                           kv_cache_bytes=None if kv_cache_memory is None
                           else parse_size(kv_cache_memory),
-                          gpu_memory_utilization=check_fraction(gpu_memory_utilization))
+                          gpu_memory_utilization=check_fraction(gpu_memory_utilization),
+                          attention=attention)
     if brownout is not None:
         from moefleet.experts.brownout_control import parse_brownout_spec
 
@@ -173,7 +183,8 @@ def open_cli_engine(adapter: MoEModelAdapter, args: DeploymentArgs, *, model_ref
     stack = StackOptions(kernel=args.kernel, brownout=args.brownout,  # type: ignore[arg-type]
                          faults=args.faults, distill_progress=DistillProgress(model_ref))
     sizes: dict[str, Any] = {"kv_budget_bytes": args.kv_cache_bytes,
-                             "gpu_memory_utilization": args.gpu_memory_utilization}
+                             "gpu_memory_utilization": args.gpu_memory_utilization,
+                             "attention": args.attention}
     options = EngineOptions(device=args.device, max_num_seqs=args.max_num_seqs,
                             **{**sizes, **engine})
     backend_options = {} if args.workers is None else {"workers": args.workers}

@@ -9,6 +9,7 @@ import typer
 
 from moefleet.cli.common import emit_json, err_console, out_console, progress, user_errors
 from moefleet.cli.deployment import (
+    AttentionOpt,
     BackendOpt,
     BrownoutOpt,
     DtypeOpt,
@@ -46,6 +47,7 @@ def generate_cmd(
     dtype: DtypeOpt = "auto",
     kv_cache_memory: KVMemoryOpt = None,
     gpu_memory_utilization: GpuUtilOpt = 0.9,
+    attention: AttentionOpt = "gather",
     max_num_seqs: Annotated[int, typer.Option(help="sequences per step")] = 64,
     plan: PlanOpt = None,
     backend: BackendOpt = "local",
@@ -78,7 +80,8 @@ def generate_cmd(
                      brownout=brownout, inject_faults=inject_faults, device=device,
                      kernel=kernel, max_num_seqs=max_num_seqs, dtype=dtype,
                      kv_cache_memory=kv_cache_memory,
-                     gpu_memory_utilization=gpu_memory_utilization)  # before the model loads
+                     gpu_memory_utilization=gpu_memory_utilization,
+                     attention=attention)  # before the model loads
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 top_k=top_k, seed=seed, ignore_eos=ignore_eos)
         texts = _prompts(prompt, dataset, num_prompts)

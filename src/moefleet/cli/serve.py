@@ -11,6 +11,7 @@ import typer
 
 from moefleet.cli.common import err_console, user_errors
 from moefleet.cli.deployment import (
+    AttentionOpt,
     BackendOpt,
     BrownoutOpt,
     DtypeOpt,
@@ -80,6 +81,7 @@ def serve_cmd(
     dtype: DtypeOpt = "auto",
     kv_cache_memory: KVMemoryOpt = None,
     gpu_memory_utilization: GpuUtilOpt = 0.9,
+    attention: AttentionOpt = "gather",
     step_timeout: Annotated[float, typer.Option(
         help="watchdog: a model step running longer than this makes /health and the "
              "requests waiting on it answer 503 (seconds)")] = 120.0,
@@ -131,7 +133,8 @@ def serve_cmd(
                      brownout=brownout, inject_faults=inject_faults, device=device,
                      kernel=kernel, max_num_seqs=max_num_seqs, dtype=dtype,
                      kv_cache_memory=kv_cache_memory,
-                     gpu_memory_utilization=gpu_memory_utilization)  # before the model loads
+                     gpu_memory_utilization=gpu_memory_utilization,
+                     attention=attention)  # before the model loads
         if args.brownout is not None and args.brownout.controlled:
             slo_ttft = slo_ttft if slo_ttft is not None else args.brownout.slo_ttft_s
             slo_tpot = slo_tpot if slo_tpot is not None else args.brownout.slo_tpot_s

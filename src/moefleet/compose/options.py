@@ -15,6 +15,7 @@ from moefleet.engine.build import check_engine_args
 from moefleet.engine.kv_sizing import check_fraction
 from moefleet.errors import MoefleetError
 from moefleet.experts.kernels import KERNELS, Kernel
+from moefleet.models.attention import check_attention
 from moefleet.runtime.retry import POLICIES, RetryPolicy
 
 if TYPE_CHECKING:
@@ -72,7 +73,10 @@ class EngineOptions:
     segment functions; prefill only). ``kv_budget_bytes``: the KV cache (None: sized by
     ``engine.kv_sizing``: ``gpu_memory_utilization`` of a GPU's memory after weights and
     a profiling forward, or the CPU default). ``eos_token_id``: None takes the
-    tokenizer's; ``-1`` turns EOS off."""
+    tokenizer's; ``-1`` turns EOS off. ``attention``: how attention reads the KV cache:
+    ``gather`` (each row's history copied out, the default), ``paged`` (FlexAttention over
+    the cache's blocks, no copy) or ``auto`` (paged on CUDA, gather on the CPU, where eager
+    FlexAttention scans the whole cache: correctness only); see ``models.paged``."""
 
     device: str = "cpu"
     max_num_seqs: int = 64
@@ -82,6 +86,7 @@ class EngineOptions:
     block_size: int = 16
     max_model_len: int | None = None
     runner: RunnerKind = "auto"
+    attention: str = "gather"
     eos_token_id: int | None = None
     clock: Callable[[], float] = time.monotonic
     hooks: tuple[StepHook, ...] = ()
@@ -91,6 +96,7 @@ class EngineOptions:
         if self.runner not in RUNNERS:
             raise MoefleetError(f"unknown runner {self.runner!r}",
                                 f"use one of {', '.join(RUNNERS)}")
+        check_attention(self.attention)
         if self.kv_budget_bytes is not None and self.kv_budget_bytes < 1:
             raise MoefleetError(f"kv_budget_bytes must be positive, got {self.kv_budget_bytes}",
                                 "omit it for the default")

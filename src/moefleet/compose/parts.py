@@ -40,9 +40,11 @@ class PlanModelError(MoefleetError):
 
 
 def runner_sizes(options: EngineOptions) -> dict[str, Any]:
-    """What an in-process runner needs from the options to size its KV cache."""
+    """What an in-process runner needs from the options to size its KV cache and choose
+    how attention reads it."""
     return {"gpu_memory_utilization": options.gpu_memory_utilization,
-            "max_num_batched_tokens": options.max_num_batched_tokens}
+            "max_num_batched_tokens": options.max_num_batched_tokens,
+            "attention": options.attention}
 
 
 def move_model(adapter: MoEModelAdapter, device: str) -> torch.device:

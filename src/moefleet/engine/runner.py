@@ -28,6 +28,7 @@ import torch
 from moefleet.engine import kv_sizing
 from moefleet.engine.request import EngineError
 from moefleet.engine.scheduler import SchedulerOutput
+from moefleet.models.attention import resolve_attention
 from moefleet.models.base import MoEModelAdapter
 from moefleet.models.kv import KVCache
 from moefleet.models.step import StepInput
@@ -89,13 +90,16 @@ class InProcessRunner:
     expert stack the composition root built). The cache is sized by
     :mod:`moefleet.engine.kv_sizing` (``kv_budget_bytes`` given; else from GPU memory with
     ``gpu_memory_utilization``; else the CPU default) and logs its capacity
-    (``kv_capacity``). The cache owns the block accounting; the scheduler is told its size."""
+    (``kv_capacity``). The cache owns the block accounting; the scheduler is told its size.
+    ``attention``: how attention reads the cache, ``gather``, ``paged`` or ``auto``
+    (:mod:`moefleet.models.paged`); resolved once, on the adapter's device, into
+    ``self.attention``."""
 
     def __init__(self, adapter: MoEModelAdapter, *, experts: StepExperts,
                  kv_budget_bytes: int | None = None,
                  block_size: int = 16, max_num_seqs: int = 64,
                  max_model_len: int | None = None, gpu_memory_utilization: float = 0.9,
-                 max_num_batched_tokens: int = 2048) -> None:
+                 max_num_batched_tokens: int = 2048, attention: str = "gather") -> None:
         if not adapter.causal:
             raise EngineError(
                 f"{adapter.name} ({adapter.family}) is an encoder: it cannot generate",
@@ -111,14 +115,20 @@ class InProcessRunner:
             gpu_memory_utilization=kv_sizing.check_fraction(gpu_memory_utilization),
             max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
             max_num_batched_tokens=max_num_batched_tokens, experts=experts)
-        self.cache = KVCache.from_budget(layout, budget, block_size, adapter.device)
+        self.attention = resolve_attention(attention, adapter.device, adapter.latent_cache)
+        if self.attention == "paged" and not adapter.supports_paged:
+            raise EngineError(f"{adapter.name} ({adapter.family}) has no paged attention",
+                              "use attention 'gather'")
+        self.cache = KVCache.from_budget(layout, budget, block_size, adapter.device,
+                                         self.attention)
         self.num_cache_blocks = self.cache.num_blocks
         self.block_size = block_size
         self.kv_capacity = kv_sizing.KVCapacity(self.cache.num_blocks, block_size,
                                                 layout.bytes_per_token, source)
         self.max_model_len = kv_sizing.check_fits(self.kv_capacity, self.max_model_len,
                                                   explicit=max_model_len is not None)
-        _log.info("%s; %s", self.kv_capacity.describe(), str(layout.dtype))
+        _log.info("%s; %s; %s attention", self.kv_capacity.describe(), str(layout.dtype),
+                  self.attention)
 
     @property
     def vocab_size(self) -> int:

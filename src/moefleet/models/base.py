@@ -73,6 +73,12 @@ class MoEModelAdapter(ABC):
     causal: bool
     # labels every output built on this model must carry ("random weights: ...")
     notes: tuple[str, ...] = ()
+    # True where the cache holds a latent the attention expands per cached slot (MLA):
+    # ``attention="auto"`` keeps the gather path for such models (models.paged)
+    latent_cache: bool = False
+    # False for adapters whose steps cannot run attention="paged" (only the HF decoder
+    # adapter builds paged block masks)
+    supports_paged: bool = False
 
     # -- structure -------------------------------------------------------------------
     @property
@@ -232,6 +238,9 @@ class MoEModelAdapter(ABC):
                     raise KVCacheError(
                         f"{self.name} ({self.family}) is an encoder: it attends both ways, "
                         "so nothing can be cached between steps", "run it with cache=None")
+                if cache.paged and not self.supports_paged:
+                    raise KVCacheError(f"{self.name} ({self.family}) has no paged attention",
+                                       "use attention='gather'")
                 view = cache.view(step.seq_ids, step.lengths)
                 view.set_valid(step.valid_BT, step.valid_index())
             views.append(view)

@@ -25,6 +25,7 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 from moefleet.models.base import ForwardContext, MoEModelAdapter
 from moefleet.models.experts import GatedExpert
 from moefleet.models.kv import StepCacheView
+from moefleet.models.paged import PagedMask, paged_module, step_masks
 from moefleet.models.step import StepInput
 
 # transformers >= 5.24 renames the attention's ``past_key_values`` argument to ``cache``
@@ -68,6 +69,7 @@ class HFSegment(nn.Module):
 
 class HFMoEAdapter(MoEModelAdapter):
     causal = True
+    supports_paged = True
 
     def __init__(self, model: nn.Module, tokenizer: Any | None = None, name: str = "") -> None:
         arch = type(model).__name__
@@ -83,6 +85,9 @@ class HFMoEAdapter(MoEModelAdapter):
         self.lm_head: Any = hf.lm_head
         self.blocks: list[Any] = list(self.backbone.layers[: self.config.num_hidden_layers])
         self._moe = [i for i, b in enumerate(self.blocks) if hasattr(b.mlp, "experts")]
+        # DeepSeek-V2's MLA caches a latent that its attention expands per cached slot
+        self.latent_cache = self.family == "deepseek_v2"
+        self._paged_attn: dict[int, nn.Module] = {}  # layer -> paged_module(self_attn)
 
     # -- structure -------------------------------------------------------------------
     @property
@@ -177,10 +182,19 @@ class HFMoEAdapter(MoEModelAdapter):
         return h_BTD, ctx
 
     def _cached_masks(self, view: StepCacheView, pos_BT: torch.Tensor,
-                      dtype: torch.dtype) -> list[torch.Tensor]:
-        """Additive masks [B, 1, T, S]: query (b, t) sees key j of its own row iff j is a
+                      dtype: torch.dtype) -> list[torch.Tensor] | list[PagedMask]:
+        """Per layer: additive masks [B, 1, T, S] (gather view), or a paged step's block
+        masks (paged view). Either way query (b, t) sees key j of its own row iff j is a
         real token (cached or new) at or before the query's position (and within the
         sliding window where the layer has one)."""
+        window = getattr(self.config, "sliding_window", None)
+        layer_types = getattr(self.config, "layer_types", None) or (
+            ["sliding_attention" if window is not None else "full_attention"] * self.num_layers)
+        if view.paged:
+            windows = {t: int(window) if t == "sliding_attention" and window is not None
+                       else None for t in set(layer_types)}
+            paged = step_masks(view, pos_BT, windows)
+            return [paged[layer_types[i]] for i in range(self.num_layers)]
         dev = pos_BT.device
         j_S = torch.arange(view.key_len, device=dev)
         total_B = torch.tensor([p + n for p, n in zip(view.past_lens, view.new_lens,
@@ -193,9 +207,6 @@ class HFMoEAdapter(MoEModelAdapter):
             zero = torch.zeros((), dtype=dtype, device=dev)
             return torch.where(ok_BTS, zero, torch.full((), neg, dtype=dtype, device=dev))[:, None]
 
-        window = getattr(self.config, "sliding_window", None)
-        layer_types = getattr(self.config, "layer_types", None) or (
-            ["sliding_attention" if window is not None else "full_attention"] * self.num_layers)
         by_type: dict[str, torch.Tensor] = {}
         for t in set(layer_types):
             ok = seen_BTS
@@ -204,14 +215,24 @@ class HFMoEAdapter(MoEModelAdapter):
             by_type[t] = additive(ok)
         return [by_type[layer_types[i]] for i in range(self.num_layers)]
 
+    def _attention(self, layer: int, mask: Any) -> Any:
+        """The block's attention module, or (paged steps) its copy that runs
+        :func:`moefleet.models.paged.paged_attention_forward`."""
+        if not isinstance(mask, PagedMask):
+            return self.blocks[layer].self_attn
+        if layer not in self._paged_attn:
+            self._paged_attn[layer] = paged_module(self.blocks[layer].self_attn)
+        return self._paged_attn[layer]
+
     def pre_moe(
         self, layer: int, h_BTD: torch.Tensor, ctx: ForwardContext
     ) -> tuple[torch.Tensor, torch.Tensor]:
         block = self.blocks[layer]
-        attn_BTD, _ = block.self_attn(
+        mask = ctx.extras["masks"][layer]
+        attn_BTD, _ = self._attention(layer, mask)(
             hidden_states=block.input_layernorm(h_BTD),
             position_embeddings=ctx.extras["rope"],
-            attention_mask=ctx.extras["masks"][layer],
+            attention_mask=mask,
             position_ids=ctx.position_ids_BT,
             past_key_values=ctx.extras.get("cache"),
         )

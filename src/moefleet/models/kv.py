@@ -17,6 +17,15 @@ A step hands the attention modules a :class:`StepCacheView`, which HF attention 
 tokens into that row's blocks and returns the row's whole history (cached + new),
 gathered and padded to ``S``; the step's attention mask hides the padding.
 
+Paged mode (``attention="paged"``, :mod:`moefleet.models.paged`): ``update`` writes the
+same tokens but returns the pools themselves, viewed ``[1, H, num_blocks * P, C]`` (no
+copy); FlexAttention then reads only each row's blocks through a block mask built from the
+block tables. Its mask needs to know, for every pool slot, whose token it holds and at
+which position: ``slot_tag[num_blocks * P]`` (the owning sequence's tag, -1 when nothing
+is written there) and ``slot_pos``. Tags are unique per ``alloc`` (never reused, even when
+a sequence id is), and a block's slots go back to -1 when a sequence reserves it, so a
+reused block's stale tokens are never visible.
+
 Invariants: ``bytes_used <= budget_bytes`` at all times (allocation past the budget
 raises :class:`KVCacheFull` and changes nothing); ``length(seq)`` counts the tokens
 written; ``free`` returns a sequence's blocks at once.
@@ -31,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from moefleet.errors import MoefleetError
+from moefleet.models.attention import ATTENTION_PATHS, AttentionPath
 
 
 class KVCacheError(MoefleetError):
@@ -62,11 +72,16 @@ class KVCache:
     """Block-allocated K/V storage for many sequences (see module docstring)."""
 
     def __init__(self, layout: KVLayout, num_blocks: int, block_size: int = 16,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", attention: AttentionPath = "gather"
+                 ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise KVCacheError(
                 f"a cache needs >= 1 block of >= 1 token (got {num_blocks} blocks of "
                 f"{block_size})", "raise the cache budget")
+        if attention not in ATTENTION_PATHS:
+            raise KVCacheError(f"unknown attention path {attention!r}",
+                               f"use one of {', '.join(ATTENTION_PATHS)}")
+        self.attention: AttentionPath = attention
         self.layout = layout
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -80,10 +95,21 @@ class KVCache:
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() from the end
         self._tables: dict[int, list[int]] = {}
         self._lengths: dict[int, int] = {}
+        # paged mode only: what each pool slot holds (see the module docstring)
+        self._tags: dict[int, int] = {}
+        self._next_tag = 0
+        slots = num_blocks * P if attention == "paged" else 0
+        self.slot_tag = torch.full((slots,), -1, dtype=torch.long, device=self.device)
+        self.slot_pos = torch.zeros(slots, dtype=torch.long, device=self.device)
+
+    @property
+    def paged(self) -> bool:
+        return self.attention == "paged"
 
     @classmethod
     def from_budget(cls, layout: KVLayout, budget_bytes: int, block_size: int = 16,
-                    device: torch.device | str = "cpu") -> KVCache:
+                    device: torch.device | str = "cpu", attention: AttentionPath = "gather"
+                    ) -> KVCache:
         """The largest cache whose pools fit in ``budget_bytes``."""
         per_block = layout.bytes_per_token * block_size
         blocks = int(budget_bytes) // per_block
@@ -91,7 +117,7 @@ class KVCache:
             raise KVCacheError(
                 f"a KV cache budget of {budget_bytes} bytes holds no block "
                 f"({per_block} bytes each)", f"give at least {per_block} bytes")
-        return cls(layout, blocks, block_size, device)
+        return cls(layout, blocks, block_size, device, attention)
 
     # -- accounting ------------------------------------------------------------------
     @property
@@ -121,11 +147,14 @@ class KVCache:
             raise KVCacheError(f"sequence {seq_id} already has a cache", "free it first")
         self._tables[seq_id] = []
         self._lengths[seq_id] = 0
+        self._tags[seq_id] = self._next_tag
+        self._next_tag += 1
 
     def free(self, seq_id: int) -> None:
         """Give a sequence's blocks back; unknown ids are ignored (free is idempotent)."""
         table = self._tables.pop(seq_id, None)
         self._lengths.pop(seq_id, None)
+        self._tags.pop(seq_id, None)
         if table:
             self._free.extend(reversed(table))
 
@@ -147,8 +176,17 @@ class KVCache:
             raise KVCacheFull(
                 f"the step needs {sum(need)} blocks, {len(self._free)} are free",
                 "schedule fewer tokens or preempt a sequence")
+        fresh: list[int] = []
         for s, n in zip(seq_ids, need, strict=True):
-            self._tables[s].extend(self._free.pop() for _ in range(n))
+            got = [self._free.pop() for _ in range(n)]
+            self._tables[s].extend(got)
+            fresh.extend(got)
+        if self.paged and fresh:
+            # a reused block still holds its last owner's tag; nothing written here yet
+            blocks = torch.tensor(fresh, dtype=torch.long, device=self.device)
+            slots = (blocks[:, None] * self.block_size
+                     + torch.arange(self.block_size, device=self.device)).reshape(-1)
+            self.slot_tag[slots] = -1
 
     # -- a step --------------------------------------------------------------------
     def view(self, seq_ids: Sequence[int], new_lens: Sequence[int]) -> StepCacheView:
@@ -191,6 +229,22 @@ class StepCacheView:
         self._dst_off = torch.tensor(off, dtype=torch.long, device=dev)
         self._valid_BT: torch.Tensor | None = None
         self._index_N: torch.Tensor | None = None
+        self.paged = cache.paged
+        # blocks each row holds after this step (host-known: the block mask's row sizes)
+        self.blocks_per_row = [math.ceil(n / P) for n in total]
+        if self.paged:
+            # The slots' owners and positions are set before any layer runs: every layer
+            # writes the step's tokens before it attends, and the causal test keeps a
+            # query from seeing its row's later tokens. Built here, on the host side, so
+            # that the layers read nothing back.
+            tags = [cache._tags[s] for s in seq_ids]
+            slot_tag = [tg for tg, n in zip(tags, new_lens, strict=True) for _ in range(n)]
+            slot_pos = [i for past, n in zip(self.past_lens, new_lens, strict=True)
+                        for i in range(past, past + n)]
+            slots = self._dst_blk * P + self._dst_off
+            cache.slot_tag[slots] = torch.tensor(slot_tag, dtype=torch.long, device=dev)
+            cache.slot_pos[slots] = torch.tensor(slot_pos, dtype=torch.long, device=dev)
+            self.row_tag_B = torch.tensor(tags, dtype=torch.long, device=dev)
 
     def set_valid(self, valid_BT: torch.Tensor, index_N: torch.Tensor | None = None) -> None:
         """The step's real tokens: a mask, and optionally their flat positions (``b * T +
@@ -201,9 +255,11 @@ class StepCacheView:
     def update(self, a_BHTC: torch.Tensor, b_BHTC: torch.Tensor, layer_idx: int,
                cache_kwargs: object = None, **kwargs: object
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the valid new tokens of both tensors; return each row's full history.
-        Extra arguments (``cache_kwargs``; ``kwargs=`` from transformers 5.24 on) are
-        not needed: positions come from the step, not from the attention call."""
+        """Write the valid new tokens of both tensors; return each row's full history
+        (gather mode, ``[B, H, S, C]``) or the whole pools (paged mode, ``[1, H,
+        num_blocks * P, C]``, views that share the pools' storage). Extra arguments
+        (``cache_kwargs``; ``kwargs=`` from transformers 5.24 on) are not needed:
+        positions come from the step, not from the attention call."""
         if self._valid_BT is None:
             raise KVCacheError("the step view has no valid mask", "call set_valid() first")
         pools = self.cache._pools[layer_idx]
@@ -217,6 +273,10 @@ class StepCacheView:
             else:
                 new_HNC = x_BTHC[self._valid_BT].transpose(0, 1)
             pool[:, self._dst_blk, self._dst_off] = new_HNC.to(pool.dtype)
+            if self.paged:  # the pool as one long row: the block mask picks the slots
+                H, NB, P, C = pool.shape
+                out.append(pool.view(1, H, NB * P, C).to(x_BHTC.dtype))
+                continue
             g_HBMPC = pool[:, self._table_BM]  # the one copy: each row's blocks
             H, B, M, P, C = g_HBMPC.shape
             out.append(g_HBMPC.permute(1, 0, 2, 3, 4).reshape(B, H, M * P, C)
