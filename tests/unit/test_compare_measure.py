@@ -63,3 +63,30 @@ def test_remoe_measured_one_request_per_main_ods_as_a_batch() -> None:
     assert ods["requests_at_once"] == len(sc.traffic.arrivals)
     # alone, the slowest first token is one request's prefill, not the whole queue's
     assert remoe["ttft_p95_s"] < remoe["wall_s"] / 2
+
+
+def test_the_measured_side_emulates_the_platforms_startup_and_store() -> None:
+    from moefleet.compare.measure import platform_emulation
+
+    sc = _scenario("aws-lambda")
+    opts = platform_emulation(sc)
+    assert opts["startup"] == "platform"
+    assert opts["store_latency"] == (sc.spec.storage.access_latency_s,  # type: ignore[union-attr]
+                                     sc.spec.storage.bandwidth_bytes_per_s)  # type: ignore[union-attr]
+
+
+def test_a_remoe_row_is_held_to_its_warm_main_figures() -> None:
+    """The measured main runs in this process, warm: the reference leaves the simulated
+    main's INIT out of the cost and its cold wait out of the TTFT; ODS rows are as
+    simulated."""
+    from moefleet.compare.measure import reference, simulated_row
+
+    mini = mini_scenario(_scenario("aws-lambda"))  # aws-lambda bills INIT
+    remoe = simulated_row(mini, "remoe-cpu")
+    assert remoe.bill["main INIT"] > 0 and remoe.ttft_warm_p95_s is not None
+    ref = reference(remoe)
+    warm = (remoe.cost_usd - remoe.bill["main INIT"]) / remoe.output_tokens * 1e6  # type: ignore[operator]
+    assert ref["cost_per_1m_usd"] == pytest.approx(warm)
+    assert ref["ttft_p95_s"] == remoe.ttft_warm_p95_s < remoe.ttft_p95_s  # type: ignore[operator]
+    ods = simulated_row(mini, "ods-predicted")
+    assert reference(ods)["cost_per_1m_usd"] == ods.cost_per_1m

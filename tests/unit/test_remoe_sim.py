@@ -84,3 +84,24 @@ def test_concurrent_requests_start_more_instances_and_bad_input_is_refused() -> 
         RemoeSimulator(p, lay).run([-1.0])
     with pytest.raises(SimError, match="does not match"):
         RemoeSimulator(_problem(np.array([[0.5, 0.5]])), lay)
+
+
+def test_cold_starts_are_billed_where_the_platform_bills_init() -> None:
+    """INIT is billed per cold start, at the instance's rate, only where the billing block
+    says so (aws-lambda today); the paper's model (no billing block) bills none."""
+    s = np.array([[1.0, 0.0], [0.0, 1.0]])
+    p = _problem(s)
+    lay = Layout("remoe", 1024, np.array([[True, False], [False, False]]), (2048, 0),
+                 (((0,),), ()))
+    exact = Billing(granularity_ms=1, min_billed_ms=0, init_billed=False)
+    paid = Billing(granularity_ms=1, min_billed_ms=0, init_billed=True)
+    free = RemoeSimulator(p, lay, billing=exact).run([0.0, 0.0])
+    init = RemoeSimulator(p, lay, billing=paid).run([0.0, 0.0])
+    assert free.main_init_cost == free.remote_init_cost == 0.0
+    assert RemoeSimulator(p, lay).run([0.0]).main_init_cost == 0.0
+    cold_main = init.cold_s[0]  # both mains cold: each waited its whole cold start
+    main_rate = init.main_cost / init.main_billed_s
+    assert init.main_init_cost == pytest.approx(2 * cold_main * main_rate)
+    assert init.remote_init_cost > 0.0
+    assert init.cost_usd == pytest.approx(free.cost_usd + init.main_init_cost
+                                          + init.remote_init_cost)

@@ -32,6 +32,7 @@ class Row:
     ttft_p95_s: float | None = None
     tpot_p50_s: float | None = None
     tpot_p95_s: float | None = None
+    ttft_warm_p95_s: float | None = None  # Remoe rows: from the main's start (no cold wait)
     slo_attainment: float | None = None
     cold_starts: int | None = None
     gpu_s: float | None = None

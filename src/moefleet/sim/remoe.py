@@ -25,7 +25,9 @@ Billing follows eqs. 6, 8, 9: the main from its first prefill to its last token 
 c_g·M_g + c_c·w, each remote call for its duration at c_c·y; cold starts are not billed
 (as in the paper). Durations are billed exactly (the paper), or, given the platform's
 ``billing`` block, by the platform meter's one rule (``Billing.billed_s``: rounded up to
-the granularity, at least the minimum billed duration).
+the granularity, at least the minimum billed duration); where that block bills INIT
+(``init_billed``), every cold start is billed too, at its instance's rate
+(``main_init_cost``, ``remote_init_cost``; both in ``cost_usd``).
 
 Two options make it model this project's runtime (``moefleet.remoe``) instead of the
 paper, for checking one against the other (``benchmarks/remoe_sim_vs_runtime.py``):
@@ -97,6 +99,8 @@ class RemoeSimResult:
     main_cost: float = 0.0
     remote_prefill_cost: float = 0.0
     remote_decode_cost: float = 0.0
+    main_init_cost: float = 0.0  # cold starts, where the platform bills INIT
+    remote_init_cost: float = 0.0
     remote_calls: int = 0
     remote_slots: int = 0  # token-slots sent to remote functions
     main_billed_s: float = 0.0  # billed seconds (after the granularity)
@@ -108,7 +112,8 @@ class RemoeSimResult:
 
     @property
     def cost_usd(self) -> float:
-        return self.main_cost + self.remote_prefill_cost + self.remote_decode_cost
+        return (self.main_cost + self.remote_prefill_cost + self.remote_decode_cost
+                + self.main_init_cost + self.remote_init_cost)
 
     def summary(self) -> dict[str, Any]:
         def mean(v: list[float]) -> float:
@@ -118,6 +123,8 @@ class RemoeSimResult:
                 "main_cost_usd": self.main_cost,
                 "remote_prefill_cost_usd": self.remote_prefill_cost,
                 "remote_decode_cost_usd": self.remote_decode_cost,
+                "main_init_cost_usd": self.main_init_cost,
+                "remote_init_cost_usd": self.remote_init_cost,
                 "mean_ttft_s": mean(self.ttft_s), "mean_tpot_s": mean(self.tpot_s),
                 "mean_prefill_s": mean(self.prefill_s), "mean_cold_s": mean(self.cold_s),
                 "remote_calls": self.remote_calls, "remote_slots": self.remote_slots,
@@ -335,4 +342,8 @@ class RemoeSimulator:
         env.run()
         res.main_cold_starts = main.cold_starts
         res.remote_cold_starts = sum(pl.cold_starts for lp in pools for pl in lp)
+        if self.billing is not None and self.billing.init_billed:
+            res.main_init_cost = m.rate_s * main.cold_s * main.cold_starts
+            res.remote_init_cost = sum(rates[li] * pl.cold_s * pl.cold_starts
+                                       for li, lp in enumerate(pools) for pl in lp)
         return res
