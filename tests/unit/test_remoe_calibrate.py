@@ -90,7 +90,9 @@ def test_calibrated_problem_and_metered_prices() -> None:
     # the meter: 1024 MB get 0.5 vCPU on alibaba-fc-gpu (2048 MB per vCPU)
     assert q.cpu_price_gb_s == pytest.approx(spec.prices.per_gb_s
                                              + 0.5 * spec.prices.per_vcpu_s)
-    assert p.cpu_price_gb_s == pytest.approx(spec.prices.per_gb_s + spec.prices.per_vcpu_s)
+    # the planner takes the platform's vCPU rule too (it assumed 1 GB = 1 vCPU before)
+    assert p.cpu_price_gb_s == pytest.approx(q.cpu_price_gb_s)
+    assert p.law.gb_per_vcpu == pytest.approx(2.0)
 
 
 def test_local_backend_refuses_a_zero_thread_cap() -> None:

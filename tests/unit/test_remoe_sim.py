@@ -105,3 +105,21 @@ def test_cold_starts_are_billed_where_the_platform_bills_init() -> None:
     assert init.remote_init_cost > 0.0
     assert init.cost_usd == pytest.approx(free.cost_usd + init.main_init_cost
                                           + init.remote_init_cost)
+
+
+def test_the_time_law_follows_the_platforms_vcpu_rule() -> None:
+    """A function gets the vCPUs its platform gives its memory (the paper assumed 1 GB =
+    1 vCPU): on aws-lambda 1 GB is 0.58 vCPU, so an expert runs 1769/1024 times slower
+    there than with one vCPU, and the planner's CPU price is the meter's."""
+    from moefleet.plan.remoe import TimeLaw
+    from moefleet.plan.remoe.shapes import gb_per_vcpu
+    from moefleet.platform import load_platform
+
+    aws = load_platform("aws-lambda")
+    g = gb_per_vcpu(aws)
+    assert g == pytest.approx(1769 / 1024)
+    law = TimeLaw(0.0, 0.0, 1.0, gb_per_vcpu=g)
+    assert law(1.0) == pytest.approx(g) and law(g) == law(3 * g) == pytest.approx(1.0)
+    assert law.array(np.array([1.0, g]))[0] == pytest.approx(g)
+    assert TimeLaw(0.0, 0.0, 1.0)(0.5) == pytest.approx(2.0)  # the paper's rule
+    assert gb_per_vcpu(load_platform("gcp-cloud-run-functions")) > 0

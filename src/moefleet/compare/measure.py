@@ -114,8 +114,8 @@ def run_real(sc: Scenario, policy: str, adapter: Any, *, salc: bool) -> dict[str
     t0 = time.perf_counter()
     with open_engine(adapter, plan=plan, stack=StackOptions(brownout=brown),
                      backend="local", platform=sc.spec, backend_options=platform_emulation(sc),
-                     options=EngineOptions(max_num_seqs=1 if alone else len(prompts))
-                     ) as opened:
+                     options=EngineOptions(max_num_seqs=1 if alone else len(prompts),
+                                           hold_main_share=True)) as opened:
         run = run_billed(opened, prompts, params)
         notes = list(opened.notes)
     ttft = [o.times.first_token - (o.times.scheduled if alone else o.times.arrival)

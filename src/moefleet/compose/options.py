@@ -76,7 +76,9 @@ class EngineOptions:
     tokenizer's; ``-1`` turns EOS off. ``attention``: how attention reads the KV cache:
     ``gather`` (each row's history copied out, the default), ``paged`` (FlexAttention over
     the cache's blocks, no copy) or ``auto`` (paged on CUDA, gather on the CPU, where eager
-    FlexAttention scans the whole cache: correctness only); see ``models.paged``."""
+    FlexAttention scans the whole cache: correctness only); see ``models.paged``.
+    ``hold_main_share``: a Remoe plan's CPU main (this process) is held to the vCPU share
+    the platform gives its memory (emulated, :mod:`moefleet.compose.held_share`)."""
 
     device: str = "cpu"
     max_num_seqs: int = 64
@@ -87,6 +89,7 @@ class EngineOptions:
     max_model_len: int | None = None
     runner: RunnerKind = "auto"
     attention: str = "gather"
+    hold_main_share: bool = False
     eos_token_id: int | None = None
     clock: Callable[[], float] = time.monotonic
     hooks: tuple[StepHook, ...] = ()

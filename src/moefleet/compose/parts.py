@@ -237,12 +237,19 @@ def _main_parts(adapter: MoEModelAdapter, dep: Deployment, fb: FunctionBackend,
     pieces = compose(held_experts(main.local), remote=rx, is_local=main.is_local,
                      brownout=brownout_piece(adapter, stack, main.device, notes),
                      faults=at_seam, retry=stack.retry, wrap=stack.wrap)
-    runner = InProcessRunner(main.adapter, experts=pieces, kv_budget_bytes=kv_bytes,
-                             block_size=options.block_size, max_num_seqs=options.max_num_seqs,
-                             max_model_len=options.max_model_len,
-                             **runner_sizes(options))
+    runner: ModelRunner = InProcessRunner(
+        main.adapter, experts=pieces, kv_budget_bytes=kv_bytes, block_size=options.block_size,
+        max_num_seqs=options.max_num_seqs, max_model_len=options.max_model_len,
+        **runner_sizes(options))
     if main.gpu == GPU_EMULATED:
         notes.append("GPU emulated: the main function's GPU price applied to CPU time")
+    vcpus = spec.vcpus(placed.memory_mb)
+    if options.hold_main_share and main.gpu == "none" and vcpus < 1:
+        from moefleet.compose.held_share import ShareHeldRunner
+
+        runner = ShareHeldRunner(runner, vcpus)
+        notes.append(f"emulated: the main held to {vcpus:.3g} vCPU (its forward stretched "
+                     "to cpu_s / vcpus)")
     biller = InvocationBiller([rx], spec, audit=audit,
                               main=MainPricing(name, placed.memory_mb, share, main.gpu))
     return DeployedParts(runner, pieces, biller, dep, fb, str(main.device), notes)

@@ -174,7 +174,7 @@ def main_times(p: RemoeProblem, lay: Layout) -> MainTimes:
     on_gpu = lay.kind in ("gpu", "fetch")
     gpu_gb = 0.0 if lay.kind == "cpu" else p.gpu_memory_gb(_gpu_expert_bytes(p, lay.kind))
     if lay.kind == "cpu":
-        speed = p.expert_s(main_gb) / p.law(1.0)
+        speed = p.expert_s(main_gb) / p.law.one_vcpu_s
         f_dec = p.nonexpert_cpu_token_s * speed
         f_pre = p.n_in * f_dec * p.prefill_factor
         sw_pre = sw_dec = 0.0

@@ -1,8 +1,9 @@
 """``RemoeProblem``: what the Remoe planner is given, and the fitted remote time law.
 
 Units: memory options in MB, memory inside the formulas in GB (1 GB = 1024 MB); a CPU
-function with y GB gets y vCPUs (the paper's assumption, III-A); times in seconds, sizes
-in bytes, prices in USD per GB-second (CPU: memory plus one vCPU per GB; GPU: per GB of
+function with y GB gets y / ``law.gb_per_vcpu`` vCPUs (the paper's assumption, III-A, is
+1 GB = 1 vCPU; ``problem_for`` takes the platform's rule); times in seconds, sizes in
+bytes, prices in USD per GB-second (CPU: memory plus its share of a vCPU; GPU: per GB of
 GPU memory).
 
 Shape legend: L MoE layers, E routed experts per layer.
@@ -37,35 +38,48 @@ class RemoeError(MoefleetError):
 
 @dataclass(frozen=True)
 class TimeLaw:
-    """T(y) = θ1·exp(−θ2·y) + θ3: seconds one expert spends on one token with y GB (=y
-    vCPUs). Below 1 GB the function holds a fraction of a core and runs 1/y slower."""
+    """T(y) = θ1·exp(−θ2·y) + θ3: seconds one expert spends on one token with y GB.
+    ``gb_per_vcpu`` GB buy one vCPU (the paper's model: 1; aws-lambda: 1769 / 1024);
+    below that a function holds a fraction of a core and runs proportionally slower."""
 
     theta1: float
     theta2: float
     theta3: float
+    gb_per_vcpu: float = 1.0
 
     def __post_init__(self) -> None:
         vals = (self.theta1, self.theta2, self.theta3)
-        if not all(math.isfinite(v) and v >= 0 for v in vals) or self(1.0) <= 0:
-            raise RemoeError(f"time law needs θ1, θ2, θ3 >= 0 and T(1) > 0, got {vals}",
+        if not (math.isfinite(self.gb_per_vcpu) and self.gb_per_vcpu > 0):
+            raise RemoeError(f"gb_per_vcpu must be > 0, got {self.gb_per_vcpu!r}",
+                             "take it from the platform's vCPU rule")
+        if not all(math.isfinite(v) and v >= 0 for v in vals) or self.one_vcpu_s <= 0:
+            raise RemoeError(f"time law needs θ1, θ2, θ3 >= 0 and T(1 vCPU) > 0, got {vals}",
                              "fit it with fit_time_law from measured points")
 
+    @property
+    def one_vcpu_s(self) -> float:
+        """T at one vCPU (``gb_per_vcpu`` GB)."""
+        return self.theta1 * math.exp(-self.theta2 * self.gb_per_vcpu) + self.theta3
+
     def __call__(self, y_gb: float) -> float:
-        if y_gb < 1.0:
-            return self(1.0) / max(y_gb, 1e-6)
+        g = self.gb_per_vcpu
+        if y_gb < g:
+            return self.one_vcpu_s * g / max(y_gb, 1e-6)
         return self.theta1 * math.exp(-self.theta2 * y_gb) + self.theta3
 
     def array(self, y_gb: np.ndarray) -> np.ndarray:
-        y = np.asarray(y_gb, np.float64)
-        big = self.theta1 * np.exp(-self.theta2 * np.maximum(y, 1.0)) + self.theta3
-        return np.where(y < 1.0, self(1.0) / np.maximum(y, 1e-6), big)
+        y, g = np.asarray(y_gb, np.float64), self.gb_per_vcpu
+        big = self.theta1 * np.exp(-self.theta2 * np.maximum(y, g)) + self.theta3
+        return np.where(y < g, self.one_vcpu_s * g / np.maximum(y, 1e-6), big)
 
     def to_dict(self) -> dict[str, float]:
-        return {"theta1": self.theta1, "theta2": self.theta2, "theta3": self.theta3}
+        return {"theta1": self.theta1, "theta2": self.theta2, "theta3": self.theta3,
+                "gb_per_vcpu": self.gb_per_vcpu}
 
 
-def fit_time_law(memory_mb: Any, time_s: Any) -> TimeLaw:
-    """Fit T(y) to measured (memory MB, seconds per token) points (Remoe Fig. 6).
+def fit_time_law(memory_mb: Any, time_s: Any, gb_per_vcpu: float = 1.0) -> TimeLaw:
+    """Fit T(y) to measured (memory MB, seconds per token) points (Remoe Fig. 6), on a
+    platform where ``gb_per_vcpu`` GB buy one vCPU.
 
     The fit itself is the compute profiles' non-negative nonlinear least squares on
     relative residuals (:func:`moefleet.profiles.fit.fit_thread_law`), with y in GB."""
@@ -76,7 +90,7 @@ def fit_time_law(memory_mb: Any, time_s: Any) -> TimeLaw:
         raise RemoeError(f"memory points must be positive MB values, got {mem.tolist()}",
                          "pass the memory sizes the times were measured at")
     law = fit_thread_law(mem / MB_PER_GB, time_s).law
-    return TimeLaw(law.theta1, law.theta2, law.theta3)
+    return TimeLaw(law.theta1, law.theta2, law.theta3, gb_per_vcpu)
 
 
 def theorem1_bound(n: float, k: int, m: int = 1) -> float:
@@ -108,12 +122,12 @@ class RemoeProblem:
     tpot_slo_s: float
     main_memory_mb: tuple[int, ...]
     remote_memory_mb: tuple[int, ...]
-    cpu_price_gb_s: float  # c_c: memory + 1 vCPU per GB
+    cpu_price_gb_s: float  # c_c: a GB of memory and its share of a vCPU
     gpu_price_gb_s: float  # c_g: per GB of GPU memory (0: no GPU)
     token_bytes: float  # D: one token's hidden state on the wire
     transfer_bytes_s: float  # B: function-to-function rate
     invoke_overhead_s: float  # t_rem: warm invocation overhead of a remote call
-    law: TimeLaw  # one expert, one token, vs memory GB (CPU)
+    law: TimeLaw  # one expert, one token, vs memory GB (CPU), the platform's vCPU rule
     expert_bytes: float  # μ(e): one routed expert's parameters
     nonexpert_bytes: float  # Σμ(f_l): attention, norms, gates, shared experts, embeddings
     kv_bytes_per_token: float  # Σ_l a_l
@@ -129,9 +143,10 @@ class RemoeProblem:
     payload_bytes: float = 6 * 2**20
     max_replicas: int = 8
     # The platform's vCPU cap per function and the memory-only part of c_c: above
-    # ``max_vcpus`` GB a function gets no more vCPUs (and pays for none), so its CPU rate
-    # is c_c·max_vcpus + c_mem·(y − max_vcpus) and its experts run at T(max_vcpus).
-    # Defaults (inf, 0) are the paper's pure 1 GB = 1 vCPU model.
+    # ``max_vcpus`` vCPUs (``max_cpu_gb``) a function gets no more (and pays for none), so
+    # its CPU rate is c_c·max_cpu_gb + c_mem·(y − max_cpu_gb) and its experts run at
+    # T(max_cpu_gb). Defaults (inf, 0) and the law's gb_per_vcpu = 1 are the paper's pure
+    # 1 GB = 1 vCPU model.
     max_vcpus: float = math.inf
     cpu_mem_price_gb_s: float = 0.0
     # Cold starts: container start (cold_*_s) plus loading the function's weights at this
@@ -230,20 +245,25 @@ class RemoeProblem:
         return mb / MB_PER_GB
 
     # ---- CPU functions of y GB: vCPUs capped at ``max_vcpus`` --------------------------
+    @property
+    def max_cpu_gb(self) -> float:
+        """The memory at which a function reaches the platform's vCPU cap."""
+        return self.max_vcpus * self.law.gb_per_vcpu
+
     def cpu_rate(self, y_gb: Any) -> Any:
         """USD per second of a CPU function with y GB: c_c·y up to the vCPU cap, only the
         memory part above it (works on floats and arrays)."""
-        over = np.maximum(np.asarray(y_gb, np.float64) - self.max_vcpus, 0.0)
+        over = np.maximum(np.asarray(y_gb, np.float64) - self.max_cpu_gb, 0.0)
         rate = self.cpu_price_gb_s * np.asarray(y_gb, np.float64) - (
             self.cpu_price_gb_s - self.cpu_mem_price_gb_s) * over
         return float(rate) if np.ndim(rate) == 0 else rate
 
     def expert_s(self, y_gb: float) -> float:
         """T(y) at the vCPUs a y GB function actually gets: one expert, one token."""
-        return self.law(min(y_gb, self.max_vcpus))
+        return self.law(min(y_gb, self.max_cpu_gb))
 
     def expert_s_array(self, y_gb: np.ndarray) -> np.ndarray:
-        return self.law.array(np.minimum(np.asarray(y_gb, np.float64), self.max_vcpus))
+        return self.law.array(np.minimum(np.asarray(y_gb, np.float64), self.max_cpu_gb))
 
     def gpu_memory_gb(self, expert_bytes_on_gpu: float = 0.0) -> float:
         """M_g (eq. 7): tokens and KV cache for n_in + n_out tokens plus the non-expert

@@ -42,7 +42,7 @@ def scale(p: RemoeProblem, name: str, f: float) -> RemoeProblem:
     if name == "invoke_overhead":
         return r(p, invoke_overhead_s=p.invoke_overhead_s * f)
     if name == "cpu_expert_time":
-        law = TimeLaw(p.law.theta1 * f, p.law.theta2, p.law.theta3 * f)
+        law = TimeLaw(p.law.theta1 * f, p.law.theta2, p.law.theta3 * f, p.law.gb_per_vcpu)
         return r(p, law=law, nonexpert_cpu_token_s=p.nonexpert_cpu_token_s * f)
     if name == "gpu_time":
         return r(p, nonexpert_token_s=p.nonexpert_token_s * f,

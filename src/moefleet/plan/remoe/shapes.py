@@ -2,8 +2,8 @@
 
 Per-expert CPU times are *scaled from a measured FLOP rate*: :func:`measure_cpu` times
 one SwiGLU expert of the shape's size (fp32, torch, one thread) at one token (decode)
-and at 64 tokens (prefill) and keeps FLOPs / second. A function with y GB gets y
-vCPUs;
+and at 64 tokens (prefill) and keeps FLOPs / second. A function with y GB gets the
+vCPUs the platform's rule gives it (:func:`gb_per_vcpu`; the paper assumed 1 GB = 1 vCPU);
 thread scaling cannot be measured on this loaded 2-core machine, so T(y) is fitted
 (:func:`fit_time_law`) to Amdahl points t1·(f + (1 − f)/v), v = 1..8, with serial
 fraction f = 5% (an ASSUMPTION). GPU times are a roofline from the platform GPU's
@@ -141,6 +141,19 @@ def _max_vcpus(spec: Any) -> float:
     return float(getattr(rule, "max_vcpu", getattr(rule, "vcpu", math.inf)))
 
 
+def gb_per_vcpu(spec: Any) -> float:
+    """GB of function memory per vCPU under the platform's rule (linear: its MB per vCPU;
+    a table: the smallest size it gives one vCPU or more, per vCPU; none: the paper's 1)."""
+    rule = spec.vcpu
+    kind = getattr(rule, "rule", "")
+    if kind == "linear":
+        return float(rule.mb_per_vcpu) / 1024.0
+    if kind == "table":
+        row = next((r for r in rule.rows if r.vcpu >= 1.0), rule.rows[-1])
+        return float(row.up_to_mb) / 1024.0 / float(row.vcpu)
+    return 1.0
+
+
 def problem_for(dims: ModelDims, timing: Timing, spec: Any, s_LE: np.ndarray, *,
                 n_in: int, n_out: int, ttft_slo_s: float, tpot_slo_s: float,
                 main_memory_mb: list[int] | None = None,
@@ -149,7 +162,8 @@ def problem_for(dims: ModelDims, timing: Timing, spec: Any, s_LE: np.ndarray, *,
                 remote_spec: Any = None, load_bytes_s: float = 0.0,
                 runtime_mb: float = RUNTIME_MB) -> RemoeProblem:
     """A problem on platform ``spec`` (a faas PlatformSpec). CPU price per GB-s is memory
-    plus one vCPU per GB (1 GB = 1 vCPU, the paper's assumption); GPU price per GB of GPU
+    plus its share of a vCPU under the remote platform's rule (the paper assumed 1 GB = 1
+    vCPU; aws-lambda gives one per 1,769 MB); GPU price per GB of GPU
     memory, billed in the platform's slices. Memory options default to the platform's
     (remote functions up to 5 GB, as the paper's DeepSeek setting); given ones must be
     offered by the platform. ``load_bytes_s`` > 0 adds loading the weights at that rate
@@ -182,14 +196,15 @@ def problem_for(dims: ModelDims, timing: Timing, spec: Any, s_LE: np.ndarray, *,
                 f"nearest valid options: {sp.nearest_memory_options(bad[0])} MB")
     pr, rpr = spec.prices, rspec.prices
     # One price for CPU GB-s: the remote platform's (the main's CPU part differs little).
-    c_c = rpr.per_gb_s + rpr.per_vcpu_s
+    g = gb_per_vcpu(rspec)  # the remote functions' rule (the main's differs little)
+    c_c = rpr.per_gb_s + rpr.per_vcpu_s / g
     max_vcpus = _max_vcpus(spec)
     c_g = pr.per_gpu_s / spec.gpu.memory_gb if (gpu and spec.gpu is not None) else 0.0
     slice_gb = spec.gpu.slice_gb if spec.gpu is not None else 1.0
     t1 = dims.expert_flops_per_token / timing.cpu_flops_1
     f = timing.serial_fraction
     v = np.arange(1, 9, dtype=np.float64)
-    law = fit_time_law(1024 * v, t1 * (f + (1 - f) / v))
+    law = fit_time_law(1024 * g * v, t1 * (f + (1 - f) / v), gb_per_vcpu=g)
     B = dims.bytes_per_param
     ne_layer = dims.nonexpert_params / dims.moe_layers
     # Decode on a GPU is bound by reading the weights (batch 1): per layer and token.

@@ -1,0 +1,49 @@
+"""An in-process main function held to its CPU share (emulated).
+
+A Remoe main runs in the serving process, on whole threads; the platform would give a
+main of ``memory_mb`` only ``vcpus`` of a core (aws-lambda: memory / 1,769 MB). Where a
+run stands in for the platform (``compare --measure``; ``EngineOptions(hold_main_share=
+True)``), :class:`ShareHeldRunner` stretches each step's forward to ``cpu_s / vcpus`` of
+wall time, what a CPU quota of that share allows, and reports the stretched time as the
+step's ``forward_s``, which the main's bill is made of. ``cpu_s`` is this process's CPU
+time during the forward (every thread's: conservative, it can only stretch more).
+Scheduling and sampling around the forward are not stretched.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from moefleet.engine.runner import ModelRunner, RunnerOutput
+from moefleet.engine.scheduler import SchedulerOutput
+
+
+class ShareHeldRunner:
+    """``inner`` with each :meth:`execute` held to ``vcpus`` (< 1) of a core."""
+
+    def __init__(self, inner: ModelRunner, vcpus: float) -> None:
+        if not 0 < vcpus < 1:
+            raise ValueError(f"a held share is in (0, 1) vCPU, got {vcpus!r}")
+        self.inner, self.vcpus = inner, vcpus
+        self.stretch_s = 0.0  # total wall time added
+
+    def __getattr__(self, name: str) -> Any:  # sizes, cache, adapter: the inner runner's
+        return getattr(self.inner, name)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.inner.vocab_size
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        res = self.inner.execute(out)
+        extra = (time.process_time() - cpu0) / self.vcpus - (time.perf_counter() - t0)
+        if extra > 0:
+            time.sleep(extra)
+            res.forward_s += extra
+            self.stretch_s += extra
+        return res
+
+    def free(self, seq_ids: list[int]) -> None:
+        self.inner.free(seq_ids)
