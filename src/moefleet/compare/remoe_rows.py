@@ -139,7 +139,7 @@ def simulate_layout(sc: Scenario, p: RemoeProblem, res: Any, row: Row) -> Row:
     fill_latency(row, wait + pre_all, tpot_all, outputs, sc.slo_ttft_s, sc.slo_tpot_s)
     row.ttft_warm_p95_s = float(np.percentile(pre_all, 95))
     warm_usd = float(cost_all.sum())
-    share = float(np.sum(main_cost) / max(np.sum(cost), 1e-300))
+    share = min(1.0, float(np.sum(main_cost) / max(np.sum(cost), 1e-300)))
     row.bill = {"main function": warm_usd * share,
                 "remote experts": warm_usd * (1 - share)}
     if main_init or remote_init:  # the platform bills INIT
