@@ -134,3 +134,16 @@ def test_unknown_attention_is_refused_everywhere() -> None:
                                  "--attention", "flash"])
     assert r.exit_code != 0 and "Traceback" not in r.output
     assert "unknown --attention 'flash'" in r.stderr and "gather, paged, auto" in r.stderr
+
+
+def test_the_paged_path_is_not_imported_until_a_paged_step_runs() -> None:
+    """FlexAttention's import adds ~45 MB to every process that loads a model, and so to
+    every function's runtime footprint (it raised plan memory floors once)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, moefleet.models.hf, moefleet.compose; "
+            "print('moefleet.models.paged' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "False"

@@ -13,6 +13,7 @@ and Qwen2-MoE's gated shared expert belong to the non-expert segment.
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -25,7 +26,6 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 from moefleet.models.base import ForwardContext, MoEModelAdapter
 from moefleet.models.experts import GatedExpert
 from moefleet.models.kv import StepCacheView
-from moefleet.models.paged import PagedMask, paged_module, step_masks
 from moefleet.models.step import StepInput
 
 # transformers >= 5.24 renames the attention's ``past_key_values`` argument to ``cache``
@@ -182,7 +182,7 @@ class HFMoEAdapter(MoEModelAdapter):
         return h_BTD, ctx
 
     def _cached_masks(self, view: StepCacheView, pos_BT: torch.Tensor,
-                      dtype: torch.dtype) -> list[torch.Tensor] | list[PagedMask]:
+                      dtype: torch.dtype) -> list[torch.Tensor] | list[Any]:
         """Per layer: additive masks [B, 1, T, S] (gather view), or a paged step's block
         masks (paged view). Either way query (b, t) sees key j of its own row iff j is a
         real token (cached or new) at or before the query's position (and within the
@@ -191,6 +191,10 @@ class HFMoEAdapter(MoEModelAdapter):
         layer_types = getattr(self.config, "layer_types", None) or (
             ["sliding_attention" if window is not None else "full_attention"] * self.num_layers)
         if view.paged:
+            # imported here: FlexAttention's import adds ~45 MB and 0.7 s to every process
+            # that loads a model (every function's runtime footprint), paged or not
+            from moefleet.models.paged import step_masks
+
             windows = {t: int(window) if t == "sliding_attention" and window is not None
                        else None for t in set(layer_types)}
             paged = step_masks(view, pos_BT, windows)
@@ -218,10 +222,11 @@ class HFMoEAdapter(MoEModelAdapter):
     def _attention(self, layer: int, mask: Any) -> Any:
         """The block's attention module, or (paged steps) its copy that runs
         :func:`moefleet.models.paged.paged_attention_forward`."""
-        if not isinstance(mask, PagedMask):
+        paged = sys.modules.get("moefleet.models.paged")  # not imported: no paged step ran
+        if paged is None or not isinstance(mask, paged.PagedMask):
             return self.blocks[layer].self_attn
         if layer not in self._paged_attn:
-            self._paged_attn[layer] = paged_module(self.blocks[layer].self_attn)
+            self._paged_attn[layer] = paged.paged_module(self.blocks[layer].self_attn)
         return self._paged_attn[layer]
 
     def pre_moe(
