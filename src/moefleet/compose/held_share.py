@@ -4,9 +4,11 @@ A Remoe main runs in the serving process, on whole threads; the platform would g
 main of ``memory_mb`` only ``vcpus`` of a core (aws-lambda: memory / 1,769 MB). Where a
 run stands in for the platform (``compare --measure``; ``EngineOptions(hold_main_share=
 True)``), :class:`ShareHeldRunner` stretches each step's forward to ``cpu_s / vcpus`` of
-wall time, what a CPU quota of that share allows, and reports the stretched time as the
-step's ``forward_s``, which the main's bill is made of. ``cpu_s`` is this process's CPU
-time during the forward (every thread's: conservative, it can only stretch more).
+wall time, what a CPU quota of that share allows (the local backend's
+:func:`~moefleet.runtime.local_limits.hold_to_share`, as for its functions), and reports
+the stretched time as the step's ``forward_s``, which the main's bill is made of.
+``cpu_s`` is this process's CPU time during the forward (every thread's: conservative,
+it can only stretch more).
 Scheduling and sampling around the forward are not stretched.
 """
 
@@ -17,6 +19,7 @@ from typing import Any
 
 from moefleet.engine.runner import ModelRunner, RunnerOutput
 from moefleet.engine.scheduler import SchedulerOutput
+from moefleet.runtime.local_limits import hold_to_share
 
 
 class ShareHeldRunner:
@@ -38,11 +41,10 @@ class ShareHeldRunner:
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         cpu0, t0 = time.process_time(), time.perf_counter()
         res = self.inner.execute(out)
-        extra = (time.process_time() - cpu0) / self.vcpus - (time.perf_counter() - t0)
-        if extra > 0:
-            time.sleep(extra)
-            res.forward_s += extra
-            self.stretch_s += extra
+        extra = hold_to_share(time.process_time() - cpu0, time.perf_counter() - t0,
+                              self.vcpus)
+        res.forward_s += extra
+        self.stretch_s += extra
         return res
 
     def free(self, seq_ids: list[int]) -> None:

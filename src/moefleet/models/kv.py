@@ -230,9 +230,10 @@ class StepCacheView:
         self._valid_BT: torch.Tensor | None = None
         self._index_N: torch.Tensor | None = None
         self.paged = cache.paged
-        # blocks each row holds after this step (host-known: the block mask's row sizes)
-        self.blocks_per_row = [math.ceil(n / P) for n in total]
+        self.blocks_per_row: list[int] = []
         if self.paged:
+            # blocks each row holds after this step (host-known: the block mask's row sizes)
+            self.blocks_per_row = [math.ceil(n / P) for n in total]
             # The slots' owners and positions are set before any layer runs: every layer
             # writes the step's tokens before it attends, and the causal test keeps a
             # query from seeing its row's later tokens. Built here, on the host side, so

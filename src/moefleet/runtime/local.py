@@ -292,7 +292,8 @@ class LocalBackend(InstanceBook, FunctionBackend):
         held = (self._startup is not None and finished and not call.timed_out
                 and call.reply is not None and bool(call.reply.get("ok")))
         with self._cond:
-            inst.in_flight -= 0 if held else 1
+            if not held:  # else released after the emulated wait
+                inst.in_flight -= 1
             inst.last_used = time.monotonic()
             w.outstanding.pop(call.id, None)
             self._cond.notify_all()

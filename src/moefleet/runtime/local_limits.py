@@ -102,10 +102,16 @@ class CallGauge:
 
     def stretch_to_share(self, vcpus: float) -> float:
         """Sleep until the call has lasted ``cpu_s / vcpus``; returns the seconds added."""
-        if vcpus >= 1.0 or vcpus <= 0:
-            return 0.0
-        cpu = time.process_time() - self.cpu0
-        extra = cpu / vcpus - (time.time() - self.t0)
-        if extra > 0:
-            time.sleep(extra)
-        return max(0.0, extra)
+        return hold_to_share(time.process_time() - self.cpu0, time.time() - self.t0, vcpus)
+
+
+def hold_to_share(cpu_s: float, wall_s: float, vcpus: float) -> float:
+    """Sleep until work that took ``cpu_s`` of CPU in ``wall_s`` has lasted what a CPU
+    quota of ``vcpus`` (< 1) allows, ``cpu_s / vcpus``; returns the seconds added (0 for
+    a share of a whole core or more)."""
+    if vcpus >= 1.0 or vcpus <= 0:
+        return 0.0
+    extra = cpu_s / vcpus - wall_s
+    if extra > 0:
+        time.sleep(extra)
+    return max(0.0, extra)
