@@ -90,3 +90,33 @@ def test_a_remoe_row_is_held_to_its_warm_main_figures() -> None:
     assert ref["ttft_p95_s"] == remoe.ttft_warm_p95_s < remoe.ttft_p95_s  # type: ignore[operator]
     ods = simulated_row(mini, "ods-predicted")
     assert reference(ods)["cost_per_1m_usd"] == ods.cost_per_1m
+
+
+def test_measure_calibrates_remoe_rows_with_the_engines_cpu_step() -> None:
+    """``--measure`` times the engine on this machine (prompts of its own) and Remoe's rows
+    take those CPU times: the engine's step (scheduling, sampling, Python per layer) is
+    slower than the FLOP-scaled one, so the calibrated rows are slower; the scenario
+    says which times it used."""
+    from moefleet.compare.measure import calibrate_cpu, simulated_row
+
+    sc = _scenario("aws-lambda")
+    flop = simulated_row(mini_scenario(sc), "remoe-cpu")
+    cal = calibrate_cpu(sc, adapter())
+    assert cal.nonexpert_decode_s > 0 and cal.expert_token_s > 0
+    assert cal.call_overhead_s >= 0 and cal.handler_fixed_s >= 0
+    sc.cpu_cal = cal
+    assert "measured on this machine" in sc.describe()["cpu_timing"]
+    engine = simulated_row(mini_scenario(sc), "remoe-cpu")
+    assert engine.tpot_p95_s > flop.tpot_p95_s  # type: ignore[operator]
+
+
+def test_an_ods_run_plays_and_bills_its_segment_functions() -> None:
+    """The measured ODS run plays the plan's segment functions (emulated) and says so (the
+    records they bill: tests/unit/test_played_segments.py)."""
+    from moefleet.profiles.footprint import measure_runtime_footprint
+
+    local_mb = measure_runtime_footprint("local") / 2**20
+    sc = mini_scenario(_scenario("aws-lambda", max(256.0, local_mb)))
+    ods = run_real(sc, "ods-predicted", adapter(), salc=False)
+    assert "error" not in ods and not ods["errors"], ods
+    assert any("plays the" in n and "segment functions" in n for n in ods["notes"]), ods

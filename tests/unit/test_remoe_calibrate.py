@@ -3,6 +3,7 @@ slot counts from reply sizes, and the calibrated problem the planner and simulat
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,6 +16,7 @@ from moefleet.calibration.remoe import (
     calibrate,
     calibrate_in_process,
     calibrated_problem,
+    cpu_calibrated,
     metered_prices,
     record_slots,
 )
@@ -93,6 +95,43 @@ def test_calibrated_problem_and_metered_prices() -> None:
     # the planner takes the platform's vCPU rule too (it assumed 1 GB = 1 vCPU before)
     assert p.cpu_price_gb_s == pytest.approx(q.cpu_price_gb_s)
     assert p.law.gb_per_vcpu == pytest.approx(2.0)
+
+
+def test_cpu_calibrated_takes_the_engines_cpu_times_and_keeps_the_platform() -> None:
+    """compare --measure's calibration: the engine's measured CPU times replace the
+    FLOP-scaled ones; the vCPU rule, the platform's invoke and wire times and the GPU
+    roofline stay (the local runtime's are added, not substituted)."""
+    from moefleet.plan.remoe import plan_policy
+    from moefleet.plan.remoe.model import main_times
+
+    spec = load_platform("aws-lambda")
+    dims = model_dims("gpt2-moe")
+    s = np.full((dims.moe_layers, dims.experts), 1 / dims.experts)
+    p = problem_for(dims, Timing(1e9, 4e9), spec, s, n_in=8, n_out=4, ttft_slo_s=30,
+                    tpot_slo_s=1, gpu=False)
+    cal = RemoeCalibration(0.002, 3e-4, 0.001, 0.25, call_overhead_s=0.004,
+                           slot_wire_s=0.0002)
+    q = cpu_calibrated(p, cal)
+    g = p.law.gb_per_vcpu
+    assert q.law.gb_per_vcpu == g and q.law.one_vcpu_s == pytest.approx(0.001)
+    assert q.law(4 * g) / q.law(g) == pytest.approx(p.law(4 * g) / p.law(g))  # its shape
+    assert q.law(g / 2) == pytest.approx(0.002)  # half a vCPU: twice as long
+    assert q.invoke_overhead_s == pytest.approx(p.invoke_overhead_s + 0.004)
+    wire = 2 * q.token_bytes / q.transfer_bytes_s
+    assert wire == pytest.approx(2 * p.token_bytes / p.transfer_bytes_s + 0.0002)
+    assert (q.nonexpert_token_s, q.gpu_expert_token_s) == (p.nonexpert_token_s,
+                                                           p.gpu_expert_token_s)
+    assert q.prefill_factor == 0.25 and q.nonexpert_cpu_token_s == 0.002
+    lay = plan_policy(q, "cpu", check_slo=False).layout
+    m = main_times(q, lay)
+    speed = q.expert_s(q.gb(lay.main_mb)) / q.law.one_vcpu_s
+    assert m.f_dec == pytest.approx(0.002 * speed)
+    assert m.f_pre == pytest.approx(8 * 3e-4 * speed)  # the measured prompt time
+    # uncalibrated, a prompt token is a decode token x prefill_factor (the default -1)
+    m0 = main_times(p, lay)
+    assert m0.f_pre == pytest.approx(8 * m0.f_dec * p.prefill_factor)
+    with pytest.raises(MoefleetError, match="nonexpert_cpu_prefill_token_s"):
+        dataclasses.replace(p, nonexpert_cpu_prefill_token_s=-0.5)
 
 
 def test_local_backend_refuses_a_zero_thread_cap() -> None:

@@ -222,10 +222,11 @@ def calibrate(cal: RemoeCalibration, all_remote: dict[str, Any], *, num_layers: 
 
 def calibrate_runtime(adapter: Any, prompts: list[list[int]], *, platform: Any, store: Any,
                       max_tokens: int, workers: int = 2, main_memory_mb: int = 2048,
-                      remote_memory_mb: int = 1024) -> RemoeCalibration:
+                      remote_memory_mb: int = 1024, gpu_gb: float = 1.0) -> RemoeCalibration:
     """Both measurements on ``prompts`` (keep them apart from any run this calibration is
     compared with): :func:`record_passes` in process, then :func:`measure_plan` of a plan
-    with every expert remote, one replica per layer, and :func:`calibrate`."""
+    with every expert remote, one replica per layer (its main holding ``gpu_gb`` of GPU:
+    0 for a CPU main), and :func:`calibrate`."""
     from moefleet.remoe.plans import manual_plan
 
     shape = adapter.summary()
@@ -235,7 +236,7 @@ def calibrate_runtime(adapter: Any, prompts: list[list[int]], *, platform: Any, 
     cal = calibrate_in_process(steps, L, K)
     every = {layer: range(int(shape.num_experts[li])) for li, layer in enumerate(layers)}
     plan = manual_plan(shape, platform.name, every, main_memory_mb=main_memory_mb,
-                       remote_memory_mb=remote_memory_mb, replicas=1, gpu_gb=1.0,
+                       remote_memory_mb=remote_memory_mb, replicas=1, gpu_gb=gpu_gb,
                        policy="remoe-calibration")
     run = measure_plan(plan, adapter, prompts, platform=platform, store=store,
                        max_tokens=max_tokens, workers=workers)
@@ -269,3 +270,28 @@ def metered_prices(p: Any, platform: Any) -> Any:
     per_gb_s = float(platform.compute_cost(1024, 1.0))
     return dataclasses.replace(p, cpu_price_gb_s=per_gb_s,
                                cpu_mem_price_gb_s=min(p.cpu_mem_price_gb_s, per_gb_s))
+
+
+def cpu_calibrated(p: Any, cal: RemoeCalibration) -> Any:
+    """``p`` with this runtime's measured *CPU* times, its platform model otherwise kept
+    (unlike :func:`calibrated_problem`, which models the local backend itself): one thread
+    of the engine's step is one vCPU, so the non-experts per layer and decode token
+    (scheduling, sampling, embedding and head included, as the engine runs them), per
+    prompt token, and a local expert's slot time at one vCPU become the measured ones;
+    T(y) keeps its shape and the platform's vCPU rule, scaled to the measured slot. A
+    remote call costs the platform's invoke round trip *plus* the measured local one, and
+    each slot the platform's wire time plus the measured per-slot (un)packing. The GPU
+    times stay the roofline's (nothing here measures a GPU)."""
+    from moefleet.plan.remoe.problem import TimeLaw
+
+    law = p.law
+    r = cal.expert_token_s / law.one_vcpu_s
+    wire = 2.0 * p.token_bytes / p.transfer_bytes_s + cal.slot_wire_s
+    return dataclasses.replace(
+        p, law=TimeLaw(law.theta1 * r, law.theta2, law.theta3 * r, law.gb_per_vcpu),
+        nonexpert_cpu_token_s=cal.nonexpert_decode_s,
+        nonexpert_cpu_prefill_token_s=cal.nonexpert_prefill_token_s,
+        prefill_factor=min(1.0, max(cal.prefill_factor, 1e-6)),
+        invoke_overhead_s=p.invoke_overhead_s + cal.call_overhead_s,
+        transfer_bytes_s=2.0 * p.token_bytes / wire if wire > 0 else p.transfer_bytes_s,
+        notes=(*p.notes, "CPU times calibrated on this machine's engine"))

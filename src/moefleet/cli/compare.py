@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import shlex
 import sys
 from pathlib import Path
@@ -125,6 +126,7 @@ def compare_cmd(
             print(f"compare: {msg}", file=sys.stderr, flush=True)
 
         runtime_mb = None
+        calibrate = None
         if adapter is not None:
             # Plans run for real must start on the local backend, whose function
             # processes hold more than the default footprint: every row plans with it.
@@ -134,10 +136,15 @@ def compare_cmd(
             runtime_mb = max(RUNTIME_MB, measure_runtime_footprint("local") / 2**20)
             say(f"local function runtime footprint: {runtime_mb:.0f} MB (every plan "
                 "leaves room for it)")
+            from moefleet.compare.measure import calibrate_cpu
+
+            # the rows the measured runs are held to take the engine's CPU times
+            calibrate = functools.partial(calibrate_cpu, adapter=adapter)
         res = run_compare(model=model, traffic=traffic, platforms=platforms,
                           slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, duration_s=duration,
                           rate_scale=rate_scale, seed=seed, quick=quick, say=say,
-                          command=command, runtime_mb=runtime_mb)
+                          command=command, runtime_mb=runtime_mb,
+                          calibrate=calibrate)
         if adapter is not None:
             from moefleet.compare.measure import measure as run_measure
 

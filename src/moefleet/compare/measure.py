@@ -16,6 +16,16 @@ skips the runtime start a platform pays, and a local directory is far faster tha
 without them every measured run would read cheaper and faster than the platform would be.
 Both sides' TTFT and TPOT P95 are compared (a run meets the bars with both within 25%).
 
+The two sides are made to describe the same machine and the same functions:
+- the simulated rows take the engine's CPU times measured here (:func:`calibrate_cpu`,
+  on prompts of its own, before any row is planned) in place of FLOP-scaled ones: the
+  engine's step carries scheduling, sampling and the Python around each layer, which a
+  FLOP count leaves out (on tiny-moe-lm about 2.5x the FLOP-scaled step);
+- an ODS/BO plan's segment functions cannot decode (no KV cache between calls), so this
+  process plays them (``EngineOptions(play_segments=True)``): held to their vCPU share,
+  each step billed as their invocations, with the platform's startup on each;
+- a Remoe main is held to its vCPU share (``hold_main_share``).
+
 Runnable for real: plans with functions (Remoe's layouts, the composed policy with a
 SALC-controlled brownout stack, ODS/BO plans). Monolithic and sMoE rows are simulated
 only (an in-process engine is not a serverless bill; sMoE needs pods). A layout whose
@@ -115,7 +125,8 @@ def run_real(sc: Scenario, policy: str, adapter: Any, *, salc: bool) -> dict[str
     with open_engine(adapter, plan=plan, stack=StackOptions(brownout=brown),
                      backend="local", platform=sc.spec, backend_options=platform_emulation(sc),
                      options=EngineOptions(max_num_seqs=1 if alone else len(prompts),
-                                           hold_main_share=True)) as opened:
+                                           hold_main_share=alone,
+                                           play_segments=not alone)) as opened:
         run = run_billed(opened, prompts, params)
         notes = list(opened.notes)
     ttft = [o.times.first_token - (o.times.scheduled if alone else o.times.arrival)
@@ -133,6 +144,37 @@ def run_real(sc: Scenario, policy: str, adapter: Any, *, salc: bool) -> dict[str
             "tpot_p95_s": float(np.percentile(tpot, 95)) if tpot else None,
             "wall_s": time.perf_counter() - t0, "notes": notes,
             "errors": errors}
+
+
+def calibrate_cpu(sc: Scenario, adapter: Any) -> Any:
+    """The engine's CPU times on this machine (a
+    :class:`~moefleet.calibration.remoe.RemoeCalibration`), for :attr:`Scenario.cpu_cal`:
+    three prompts of their own (never the measured requests) through the in-process engine,
+    then through a plan with every expert remote, on the local backend without any
+    emulation. Its functions get one vCPU or more (one worker thread is one vCPU), so the
+    times are the engine's own, not a share's; the simulator scales them by the vCPUs a
+    plan's memory gets."""
+    import tempfile
+
+    from moefleet.calibration.remoe import calibrate_runtime
+    from moefleet.plan.remoe.shapes import gb_per_vcpu
+    from moefleet.platform import open_store
+
+    one_vcpu_mb = 1024 * gb_per_vcpu(sc.spec)
+    offered = sorted(sc.spec.memory_options_mb())
+
+    def at_least(mb: float) -> int:
+        return next((m for m in offered if m >= mb), offered[-1])
+
+    rng = np.random.default_rng(sc.seed + 101)
+    vocab = adapter.summary().vocab_size or 256
+    prompts = [rng.integers(1, vocab, n).tolist() for n in (MAX_PROMPT // 2, MAX_PROMPT - 8,
+                                                            MAX_PROMPT)]
+    with tempfile.TemporaryDirectory(prefix="moefleet-cal-") as tmp:
+        return calibrate_runtime(adapter, prompts, platform=sc.spec, store=open_store(tmp),
+                                 max_tokens=MAX_OUTPUT, main_memory_mb=at_least(
+                                     max(2048.0, one_vcpu_mb)),
+                                 remote_memory_mb=at_least(one_vcpu_mb), gpu_gb=0.0)
 
 
 def platform_emulation(sc: Scenario) -> dict[str, Any]:

@@ -5,6 +5,7 @@ scenario's arrivals, turned into a row.
 The profile is estimated, not measured at this size: 2 FLOPs per parameter per token at
 the FLOP rate measured here at the shape's expert size (one vCPU; the synthetic models'
 thread law), a 1 ms overhead per call; segments carry the non-expert parameters evenly.
+With ``--measure`` (the scenario's ``cpu_cal``) the laws are the engine's measured times.
 """
 
 from __future__ import annotations
@@ -22,19 +23,30 @@ FP32 = 4
 
 
 def profile_of(sc: Scenario) -> ComputeProfile:
+    """The shape's profile: FLOP-scaled, or with the engine's CPU times measured here
+    (``sc.cpu_cal``, ``--measure``): a segment per step costs the per-layer decode time of
+    the engine at one token and its prompt time per further token; an expert call the
+    remote handler's fixed time plus the measured slot time per token."""
     d = sc.dims
     rate = sc.timing.cpu_flops_1
+    cal = sc.cpu_cal
 
-    def law(params: float) -> FunctionProfile:
-        return FunctionProfile(BatchLaw(1e-3, 2.0 * params / rate), DEFAULT_THREADS,
+    def law(params: float, batch: BatchLaw | None = None) -> FunctionProfile:
+        return FunctionProfile(batch or BatchLaw(1e-3, 2.0 * params / rate), DEFAULT_THREADS,
                                param_bytes=int(params * FP32))
 
     moe = list(range(d.moe_layers))
     seg = d.nonexpert_params / d.moe_layers
+    seg_law = ex_law = None
+    if cal is not None:
+        per = cal.nonexpert_prefill_token_s
+        seg_law = BatchLaw(max(0.0, cal.nonexpert_decode_s - per), per)
+        ex_law = BatchLaw(cal.handler_fixed_s, cal.expert_token_s + cal.slot_wire_s)
     return ComputeProfile(model=d.name, hidden_size=d.hidden, moe_layers=moe,
-                          experts={b: law(d.expert_params) for b in moe},
-                          segments=[law(seg) for _ in moe],
-                          bytes_per_token=d.hidden * FP32, machine={"estimated": True},
+                          experts={b: law(d.expert_params, ex_law) for b in moe},
+                          segments=[law(seg, seg_law) for _ in moe],
+                          bytes_per_token=d.hidden * FP32,
+                          machine={"estimated": cal is None},
                           runtime_bytes={"compare": int(sc.runtime_mb * 2**20)})
 
 
@@ -97,5 +109,6 @@ def simulate_plan(sc: Scenario, plan: Any, row: Row, *, policy: Any = None,
         row.bill = {"pod time": row.cost_usd}
         row.notes.append(f"pods billed while alive at {pod_mb} MB each ({pod_s:,.0f} pod-s)")
     row.notes.append(f"{res.invocations:,} invocations simulated; compute profile "
-                     "estimated from the measured FLOP rate")
+                     + ("estimated from the measured FLOP rate" if sc.cpu_cal is None else
+                        "from the engine's CPU times measured here"))
     return row

@@ -40,9 +40,14 @@ POLICIES = {"remoe-mmp": "remoe", "remoe-sweep": "remoe-sweep", "remoe-cpu": "cp
 
 def problem(sc: Scenario, s_LE: np.ndarray, gpu: bool = True) -> RemoeProblem:
     load = sc.spec.storage.bandwidth_bytes_per_s if sc.spec.storage is not None else 0.0
-    return problem_for(sc.dims, sc.timing, sc.spec, s_LE, n_in=sc.n_in, n_out=sc.n_out,
-                       ttft_slo_s=sc.slo_ttft_s, tpot_slo_s=sc.slo_tpot_s, gpu=gpu,
-                       load_bytes_s=load, runtime_mb=sc.runtime_mb)
+    p = problem_for(sc.dims, sc.timing, sc.spec, s_LE, n_in=sc.n_in, n_out=sc.n_out,
+                    ttft_slo_s=sc.slo_ttft_s, tpot_slo_s=sc.slo_tpot_s, gpu=gpu,
+                    load_bytes_s=load, runtime_mb=sc.runtime_mb)
+    if sc.cpu_cal is None:
+        return p
+    from moefleet.calibration.remoe import cpu_calibrated
+
+    return cpu_calibrated(p, sc.cpu_cal)
 
 
 def plan_relaxed(p: RemoeProblem, kind: str) -> tuple[Any, float]:
@@ -108,8 +113,12 @@ def simulate_layout(sc: Scenario, p: RemoeProblem, res: Any, row: Row) -> Row:
     remote_cold = 0
     for j, i in enumerate(picks):
         q = dataclasses.replace(p, n_in=int(prompts[i]), n_out=int(outputs[i]))
+        # with the engine calibrated, a remote call bills its handler's measured fixed
+        # time, not the invoke round trip (the platform does not meter that)
+        billed = None if sc.cpu_cal is None else sc.cpu_cal.handler_fixed_s
         out = RemoeSimulator(q, res.layout, seed=sc.seed + j, keep_alive_s=sc.keep_alive_s,
-                             billing=sc.spec.billing, s_LE=sc.real_LE).run([0.0])
+                             billing=sc.spec.billing, s_LE=sc.real_LE,
+                             billed_overhead_s=billed).run([0.0])
         pre.append(out.prefill_s[0])
         tpot.append(out.tpot_s[0])
         # each sampled request ran alone, so cold: its INIT is priced below, per cold

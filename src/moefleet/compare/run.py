@@ -90,16 +90,24 @@ def _top(row: Row) -> tuple[str, float]:
 def run_compare(*, model: str, traffic: str, platforms: list[str], slo_ttft_s: float,
                 slo_tpot_s: float, duration_s: float, rate_scale: float = 1.0,
                 seed: int = 0, quick: bool = False, say: Say | None = None,
-                command: str = "", runtime_mb: float | None = None) -> CompareResult:
+                command: str = "", runtime_mb: float | None = None,
+                calibrate: Callable[[Scenario], Any] | None = None) -> CompareResult:
     """Every policy on every platform (inputs are all checked before any policy runs).
     ``runtime_mb``: the functions' runtime footprint every plan leaves room for (default
-    :data:`moefleet.profiles.gpu.RUNTIME_MB`; ``--measure`` passes the local one)."""
+    :data:`moefleet.profiles.gpu.RUNTIME_MB`; ``--measure`` passes the local one).
+    ``calibrate``: measures a scenario's CPU times on this machine (``--measure`` passes
+    :func:`moefleet.compare.measure.calibrate_cpu` on the model it runs)."""
     t0 = time.perf_counter()
     if not platforms:
         raise MoefleetError("no platform given", "e.g. --platform alibaba-fc-gpu")
     scs = [build_scenario(model, p, traffic, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s,
                           duration_s=duration_s, rate_scale=rate_scale, seed=seed,
                           quick=quick, runtime_mb=runtime_mb) for p in platforms]
+    if calibrate is not None:
+        for sc in scs:
+            if say is not None:
+                say(f"[{sc.spec.name}] timing the engine's CPU step on this machine")
+            sc.cpu_cal = calibrate(sc)
     rows: list[Row] = []
     todo = stages()
     for sc in scs:

@@ -33,6 +33,7 @@ from moefleet.platform.specs import PlatformSpec
 from moefleet.profiles.gpu import RUNTIME_MB
 
 _TIMING: dict[str, Timing] = {}
+CAL_SHOWN = ("nonexpert_decode_s", "expert_token_s", "call_overhead_s", "handler_fixed_s")
 
 
 def timing_for(dims: ModelDims) -> Timing:
@@ -96,6 +97,10 @@ class Scenario:
     #: Memory a function's runtime (interpreter, torch, handlers) holds before any
     #: parameter: every plan, Remoe's and ODS/BO's alike, leaves room for it.
     runtime_mb: float = RUNTIME_MB
+    #: The engine's CPU times measured on this machine (a
+    #: :class:`moefleet.calibration.remoe.RemoeCalibration`; ``--measure`` sets it), which
+    #: replace the FLOP-scaled CPU times of Remoe's rows; None: FLOP-scaled.
+    cpu_cal: Any = None
 
     @property
     def duration_s(self) -> float:
@@ -119,7 +124,10 @@ class Scenario:
                 "slo_tpot_s": self.slo_tpot_s, "seed": self.seed, "quick": self.quick,
                 "routing": f"synthetic Zipf({self.skew:g}) per layer, seeded order; "
                            "predictions from a 2,048-token sample of it",
-                "cpu_timing": self.timing.source, "traffic_detail": self.traffic.described,
+                "cpu_timing": self.timing.source if self.cpu_cal is None else
+                "Remoe's CPU times: the engine's, measured on this machine (" +
+                ", ".join(f"{k} {getattr(self.cpu_cal, k) * 1e3:.3g} ms" for k in CAL_SHOWN)
+                + f"); else {self.timing.source}", "traffic_detail": self.traffic.described,
                 "runtime_footprint_mb": self.runtime_mb,
                 "notes": self.notes}
 

@@ -78,7 +78,10 @@ class EngineOptions:
     the cache's blocks, no copy) or ``auto`` (paged on CUDA, gather on the CPU, where eager
     FlexAttention scans the whole cache: correctness only); see ``models.paged``.
     ``hold_main_share``: a Remoe plan's CPU main (this process) is held to the vCPU share
-    the platform gives its memory (emulated, :mod:`moefleet.compose.held_share`)."""
+    the platform gives its memory (emulated, :mod:`moefleet.compose.held_share`).
+    ``play_segments``: an ODS/BO plan's segment functions are played by this process,
+    held to their vCPU share and billed as their invocations (emulated,
+    :mod:`moefleet.compose.played_segments`; in-process runner only)."""
 
     device: str = "cpu"
     max_num_seqs: int = 64
@@ -90,6 +93,7 @@ class EngineOptions:
     runner: RunnerKind = "auto"
     attention: str = "gather"
     hold_main_share: bool = False
+    play_segments: bool = False
     eos_token_id: int | None = None
     clock: Callable[[], float] = time.monotonic
     hooks: tuple[StepHook, ...] = ()
@@ -100,6 +104,10 @@ class EngineOptions:
             raise MoefleetError(f"unknown runner {self.runner!r}",
                                 f"use one of {', '.join(RUNNERS)}")
         check_attention(self.attention)
+        if self.play_segments and self.runner == "segments":
+            raise MoefleetError("play_segments emulates the segment functions the "
+                                "'segments' runner really invokes",
+                                "use one or the other")
         if self.kv_budget_bytes is not None and self.kv_budget_bytes < 1:
             raise MoefleetError(f"kv_budget_bytes must be positive, got {self.kv_budget_bytes}",
                                 "omit it for the default")

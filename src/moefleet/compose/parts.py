@@ -214,8 +214,27 @@ def _expert_parts(adapter: MoEModelAdapter, dep: Deployment, fb: FunctionBackend
                                  max_num_seqs=options.max_num_seqs,
                                  max_model_len=options.max_model_len,
                              **runner_sizes(options))
+        if options.play_segments:
+            runner = _played(runner, dep, fb, spec, notes)
+            sources = [runner, rx]  # type: ignore[list-item]
     biller = InvocationBiller(sources, spec, audit=audit)
     return DeployedParts(runner, pieces, biller, dep, fb, str(device), notes)
+
+
+def _played(runner: ModelRunner, dep: Deployment, fb: FunctionBackend, spec: PlatformSpec,
+            notes: list[str]) -> ModelRunner:
+    """``runner`` playing the plan's segment functions (:mod:`.played_segments`)."""
+    from moefleet.compose.played_segments import PlayedSegment, SegmentPlayedRunner
+
+    moe = {lp.layer for lp in dep.plan.layers}
+    played = [PlayedSegment(dep.function(f.name), f.memory_mb, int(f.layer or 0),
+                            f.layer in moe) for f in dep.placement.segments]
+    startup = getattr(fb, "startup_emulation", None)
+    held = SegmentPlayedRunner(runner, played, spec, startup=startup)
+    notes.append(f"emulated: this process plays the {len(played)} segment functions (held "
+                 f"to {held.vcpus:.3g} vCPU, each step billed as their invocations"
+                 + (", the platform's startup on each" if startup is not None else "") + ")")
+    return held
 
 
 def _main_parts(adapter: MoEModelAdapter, dep: Deployment, fb: FunctionBackend,
@@ -225,6 +244,10 @@ def _main_parts(adapter: MoEModelAdapter, dep: Deployment, fb: FunctionBackend,
     """Remoe: this process plays the main function (what a main instance loads)."""
     from moefleet.runtime.main_model import GPU_EMULATED, MainModel, gpu_share, main_device
 
+    if options.play_segments:
+        raise MoefleetError("play_segments: a Remoe plan has no segment functions (its "
+                            "main is held with hold_main_share)",
+                            "set play_segments only for plans with segment functions")
     main_plan = dep.plan.main
     placed = dep.placement.main
     assert main_plan is not None and placed is not None  # a Remoe plan has both

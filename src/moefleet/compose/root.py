@@ -142,9 +142,10 @@ def open_engine(adapter: MoEModelAdapter, *,
     stack = stack or StackOptions()
     options = options or EngineOptions()
     if plan is None:
-        if options.runner == "segments":
-            raise MoefleetError("the segment runner needs a plan with segment functions",
-                                "pass --plan, or use the in-process runner")
+        if options.runner == "segments" or options.play_segments:
+            raise MoefleetError("the segment runner and play_segments need a plan with "
+                                "segment functions", "pass --plan, or use the in-process "
+                                "runner without play_segments")
         yield _in_process(adapter, stack, options, billing or Billing())
         return
     if stack.local is not None:

@@ -153,6 +153,11 @@ class LocalBackend(InstanceBook, FunctionBackend):
         self._housekeeper.start()
 
     @property
+    def startup_emulation(self) -> StartupEmulation | None:
+        """The platform startup this backend adds to every call (None: as measured)."""
+        return self._startup
+
+    @property
     def max_inline_bytes(self) -> int:  # the raw payload limit, or the base64 one (wire)
         return self._limit
 

@@ -176,7 +176,9 @@ def main_times(p: RemoeProblem, lay: Layout) -> MainTimes:
     if lay.kind == "cpu":
         speed = p.expert_s(main_gb) / p.law.one_vcpu_s
         f_dec = p.nonexpert_cpu_token_s * speed
-        f_pre = p.n_in * f_dec * p.prefill_factor
+        per_prompt = (p.nonexpert_cpu_prefill_token_s * speed
+                      if p.nonexpert_cpu_prefill_token_s >= 0 else f_dec * p.prefill_factor)
+        f_pre = p.n_in * per_prompt
         sw_pre = sw_dec = 0.0
     else:
         f_pre, f_dec = p.n_in * p.nonexpert_prefill_token_s, p.nonexpert_token_s

@@ -139,6 +139,9 @@ class RemoeProblem:
     cold_remote_s: float
     nonexpert_prefill_token_s: float = -1.0  # per prompt token (-1: as decode)
     prefill_factor: float = 1.0  # an expert's per-token time in a prefill batch vs T(y)
+    # One layer's non-experts per prompt token on one vCPU; -1: the decode time x
+    # prefill_factor (kept -1, resolved where used, so a replace of the decode time holds).
+    nonexpert_cpu_prefill_token_s: float = -1.0
     gpu_slice_gb: float = 1.0  # GPU memory is billed in these steps
     payload_bytes: float = 6 * 2**20
     max_replicas: int = 8
@@ -197,6 +200,10 @@ class RemoeProblem:
                                                               self.remote_memory_mb))
         if self.nonexpert_prefill_token_s < 0:
             object.__setattr__(self, "nonexpert_prefill_token_s", self.nonexpert_token_s)
+        v = self.nonexpert_cpu_prefill_token_s
+        if not (math.isfinite(v) and (v >= 0 or v == -1.0)):
+            raise RemoeError(f"nonexpert_cpu_prefill_token_s must be >= 0 (or -1: from the "
+                             f"decode time), got {v!r}")
         if not 0 < self.prefill_factor <= 1:
             raise RemoeError(f"prefill_factor must be in (0, 1], got {self.prefill_factor}")
         if self.cpu_mem_price_gb_s > self.cpu_price_gb_s:

@@ -1,0 +1,125 @@
+"""An ODS/BO plan's segment functions played by the serving process
+(compose/played_segments.py): each step is held to the segments' vCPU share and yields
+the invocations the platform would bill (a ``pre`` per block lasting its share of the
+step's CPU time, a zero-length ``post`` per MoE block), split by the step's tokens."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from moefleet.compose.played_segments import PlayedSegment, SegmentPlayedRunner
+from moefleet.engine.runner import RunnerOutput
+from moefleet.engine.scheduler import ScheduledSeq, SchedulerOutput
+from moefleet.platform import load_platform
+from moefleet.platform.billing import Meter
+
+
+class Busy:
+    """A runner whose forward burns ``cpu_s`` of CPU."""
+
+    vocab_size = 11
+    max_model_len = 64
+
+    def __init__(self, cpu_s: float) -> None:
+        self.cpu_s = cpu_s
+        self.freed: list[int] = []
+
+    def execute(self, out: object) -> RunnerOutput:
+        t0 = time.process_time()
+        while time.process_time() - t0 < self.cpu_s:
+            pass
+        return RunnerOutput([], None, forward_s=self.cpu_s)
+
+    def free(self, seq_ids: list[int]) -> None:
+        self.freed += seq_ids
+
+
+def _step(*tokens: int) -> SchedulerOutput:
+    return SchedulerOutput([ScheduledSeq(i, [1] * n, 0, True, False) for i, n in
+                            enumerate(tokens)])
+
+
+def _segments(memory_mb: int, moe: tuple[bool, ...]) -> list[PlayedSegment]:
+    return [PlayedSegment(f"x/seg-{b}", memory_mb, b, m) for b, m in enumerate(moe)]
+
+
+def test_a_step_is_billed_as_the_segments_invocations_split_by_tokens() -> None:
+    spec = load_platform("aws-lambda")
+    played = SegmentPlayedRunner(Busy(0.04), _segments(1769, (True, False, True)),  # type: ignore[arg-type]
+                                 spec)
+    assert played.vcpus == pytest.approx(1.0)  # 1,769 MB is one vCPU: nothing to hold
+    played.execute(_step(3, 1))
+    got = played.drain()
+    assert played.drain() == []  # drained once
+    # a pre per block, a post per MoE block, in block order
+    assert [(r.function, r.end_s > 0) for r, _ in got] == [
+        ("x/seg-0", True), ("x/seg-0", False), ("x/seg-1", True), ("x/seg-2", True),
+        ("x/seg-2", False)]
+    pre = [r.duration_s for r, _ in got if r.duration_s > 0]
+    assert sum(pre) >= 0.04 * 0.95 and max(pre) == pytest.approx(min(pre))
+    assert all(s == {"0": 0.75, "1": 0.25} for _, s in got)
+    assert all(r.kind == "segment" and r.memory_mb == 1769 for r, _ in got)
+    meter = Meter(spec)
+    post = meter.price(got[1][0])
+    assert post[0].request > 0 and post[1] > 0  # billed at the platform's minimum
+    assert played.store_requests() == (0, 0) and played.vocab_size == 11
+    played.free([4])
+    assert played.inner.freed == [4] and played.max_model_len == 64  # type: ignore[attr-defined]
+
+
+def test_a_step_is_held_to_a_fraction_of_a_vcpu_and_billed_held() -> None:
+    spec = load_platform("aws-lambda")
+    v = spec.vcpus(512)
+    assert v < 0.5
+    played = SegmentPlayedRunner(Busy(0.03), _segments(512, (True, True)), spec)  # type: ignore[arg-type]
+    t0 = time.perf_counter()
+    res = played.execute(_step(2))
+    wall = time.perf_counter() - t0
+    assert wall >= 0.03 / v * 0.95 and played.stretch_s > 0
+    assert res.forward_s == pytest.approx(0.03 + played.stretch_s)
+    pre = sum(r.duration_s for r, _ in played.drain())
+    assert pre >= 0.03 / v * 0.95  # what a held block's handler lasts, billed so
+
+
+def test_an_empty_step_bills_nothing_and_no_segment_is_refused() -> None:
+    spec = load_platform("aws-lambda")
+    played = SegmentPlayedRunner(Busy(0.0), _segments(1024, (True,)), spec)  # type: ignore[arg-type]
+    played.execute(SchedulerOutput())
+    assert played.drain() == []
+    with pytest.raises(ValueError, match="at least one block"):
+        SegmentPlayedRunner(Busy(0.0), [], spec)  # type: ignore[arg-type]
+
+
+def test_play_segments_is_refused_where_no_segment_function_exists() -> None:
+    from moefleet.compose import EngineOptions
+    from moefleet.errors import MoefleetError
+
+    with pytest.raises(MoefleetError, match="'segments' runner really invokes"):
+        EngineOptions(runner="segments", play_segments=True)
+
+
+def test_the_platforms_startup_is_waited_and_a_first_call_billed_as_init() -> None:
+    """With the backend's startup emulation: every invocation waits the warm start, each
+    segment's first one the cold start too, billed as INIT; later steps are warm."""
+    from moefleet.runtime.local_startup import StartupEmulation
+
+    spec = load_platform("aws-lambda")
+    emu = StartupEmulation(cold_s=0.05, warm_s=0.01)
+    played = SegmentPlayedRunner(Busy(0.0), _segments(1769, (True, False)), spec,  # type: ignore[arg-type]
+                                 startup=emu)
+    t0 = time.perf_counter()
+    res = played.execute(_step(1))
+    first = time.perf_counter() - t0
+    calls = 3  # pre + post of block 0, pre of block 1
+    assert first >= (calls * 0.01 + 2 * 0.05) * 0.95
+    assert res.forward_s >= calls * 0.01 + 2 * 0.05
+    got = played.drain()
+    assert [(r.cold, r.init_s) for r, _ in got] == [(True, 0.05), (False, 0.0), (True, 0.05),
+                                                    ]
+    assert Meter(spec).price(got[0][0])[1] > Meter(spec).price(got[1][0])[1]  # INIT billed
+    t0 = time.perf_counter()
+    played.execute(_step(1))
+    assert time.perf_counter() - t0 < 2 * 0.05  # warm now: the warm starts only
+    assert not any(r.cold for r, _ in played.drain())
