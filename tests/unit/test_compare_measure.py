@@ -120,3 +120,25 @@ def test_an_ods_run_plays_and_bills_its_segment_functions() -> None:
     ods = run_real(sc, "ods-predicted", adapter(), salc=False)
     assert "error" not in ods and not ods["errors"], ods
     assert any("plays the" in n and "segment functions" in n for n in ods["notes"]), ods
+
+
+def test_a_calibrated_profile_takes_the_engines_times_at_one_thread() -> None:
+    """With the engine's CPU times (``--measure``), ODS/BO's segment and expert laws are
+    the measured ones, and more vCPUs than one buy no speed (one thread was measured);
+    without them the laws stay FLOP-scaled with the assumed thread law."""
+    from moefleet.calibration.remoe import RemoeCalibration
+    from moefleet.compare.pipeline_common import profile_of
+
+    sc = _scenario("aws-lambda")
+    flop = profile_of(sc)
+    assert flop.segments[0].threads.speed_factor(4.0) < 1.0
+    sc.cpu_cal = RemoeCalibration(0.002, 3e-4, 0.001, 0.5, handler_fixed_s=0.0015,
+                                  slot_wire_s=1e-4)
+    cal = profile_of(sc)
+    seg, ex = cal.segments[0], cal.experts[cal.moe_layers[0]]
+    assert seg.batch.time_s(1) == pytest.approx(0.002)  # one decode token: the engine's
+    assert seg.batch.per_token_s == pytest.approx(3e-4)  # per further (prompt) token
+    assert ex.batch.overhead_s == 0.0015 and ex.batch.per_token_s == pytest.approx(1.1e-3)
+    assert seg.threads.speed_factor(4.0) == ex.threads.speed_factor(4.0) == 1.0
+    assert seg.threads.speed_factor(0.5) == pytest.approx(2.0)  # a half share: 2x slower
+    assert cal.machine == {"estimated": False}

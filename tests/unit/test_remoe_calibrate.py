@@ -15,6 +15,7 @@ from moefleet.calibration.remoe import (
     StepTiming,
     calibrate,
     calibrate_in_process,
+    calibrate_runtime,
     calibrated_problem,
     cpu_calibrated,
     metered_prices,
@@ -132,6 +133,14 @@ def test_cpu_calibrated_takes_the_engines_cpu_times_and_keeps_the_platform() -> 
     assert m0.f_pre == pytest.approx(8 * m0.f_dec * p.prefill_factor)
     with pytest.raises(MoefleetError, match="nonexpert_cpu_prefill_token_s"):
         dataclasses.replace(p, nonexpert_cpu_prefill_token_s=-0.5)
+
+
+def test_calibrate_runtime_needs_a_round() -> None:
+    shape = SimpleNamespace(moe_layers=[0], top_k=2)
+    adapter = SimpleNamespace(summary=lambda: shape)
+    with pytest.raises(MoefleetError, match="rounds must be >= 1"):
+        calibrate_runtime(adapter, [[1, 2]], platform=None, store=None, max_tokens=2,
+                          rounds=0)
 
 
 def test_local_backend_refuses_a_zero_thread_cap() -> None:

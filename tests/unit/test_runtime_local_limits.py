@@ -73,6 +73,35 @@ def test_a_sub_core_share_is_stretched_to_its_cpu_quota(backend: LocalBackend) -
     assert backend.stats()["cpu_stretch_s"] >= stretched
 
 
+def test_a_stretch_is_waited_by_the_caller_not_the_worker(backend: LocalBackend) -> None:
+    """Two functions at a sub-core share on ONE worker, called at once: each call's
+    stretch is waited by its caller with the worker free, so the second call's CPU work
+    runs during the first one's stretch (a platform runs every instance on a quota of its
+    own, in parallel). Slept in the worker, the two would take 2 x 0.08 / vcpus."""
+    import threading
+    import time
+
+    vcpus = load_platform("aws-lambda").vcpus(512)
+    for name in ("par-a", "par-b"):
+        backend.deploy(FunctionSpec(name, "aux", DEBUG, memory_mb=512))
+        backend.invoke(name, pack(meta={"op": "pid"}))  # cold starts out of the way
+    one = 0.08 / vcpus
+    records = {}
+
+    def call(name: str) -> None:
+        records[name] = backend.invoke(name, pack(meta={"op": "spin", "seconds": 0.08})).record
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=call, args=(n,)) for n in ("par-a", "par-b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    assert all(r.end_s - r.start_s >= one * 0.99 for r in records.values())  # both billed
+    assert wall < 1.6 * one, (wall, one)  # overlapped: about one stretch, not two
+
+
 def test_limits_off_gives_a_whole_core() -> None:
     b = LocalBackend("aws-lambda", workers=1, limits=False)
     try:

@@ -222,18 +222,25 @@ def calibrate(cal: RemoeCalibration, all_remote: dict[str, Any], *, num_layers: 
 
 def calibrate_runtime(adapter: Any, prompts: list[list[int]], *, platform: Any, store: Any,
                       max_tokens: int, workers: int = 2, main_memory_mb: int = 2048,
-                      remote_memory_mb: int = 1024, gpu_gb: float = 1.0) -> RemoeCalibration:
+                      remote_memory_mb: int = 1024, gpu_gb: float = 1.0,
+                      rounds: int = 1) -> RemoeCalibration:
     """Both measurements on ``prompts`` (keep them apart from any run this calibration is
     compared with): :func:`record_passes` in process, then :func:`measure_plan` of a plan
     with every expert remote, one replica per layer (its main holding ``gpu_gb`` of GPU:
-    0 for a CPU main), and :func:`calibrate`."""
+    0 for a CPU main), and :func:`calibrate`. ``rounds`` > 1 records the in-process steps
+    that many times and keeps the fastest round's times (on a shared machine a slower
+    round is other processes' time slices: measured 1.5x on one of five runs here)."""
     from moefleet.remoe.plans import manual_plan
 
     shape = adapter.summary()
     layers = list(shape.moe_layers)
     L, K = len(layers), int(shape.top_k)
-    _, steps, _ = record_passes(adapter, prompts, max_tokens)
-    cal = calibrate_in_process(steps, L, K)
+    if rounds < 1:
+        raise MoefleetError(f"rounds must be >= 1, got {rounds}", "e.g. rounds=3")
+    cal = min((calibrate_in_process(record_passes(adapter, prompts, max_tokens)[1], L, K)
+               for _ in range(rounds)),
+              key=lambda c: c.nonexpert_decode_s + K * c.expert_token_s)
+    cal = dataclasses.replace(cal, source={**cal.source, "rounds": rounds})
     every = {layer: range(int(shape.num_experts[li])) for li, layer in enumerate(layers)}
     plan = manual_plan(shape, platform.name, every, main_memory_mb=main_memory_mb,
                        remote_memory_mb=remote_memory_mb, replicas=1, gpu_gb=gpu_gb,

@@ -51,6 +51,7 @@ from moefleet.errors import MoefleetError
 from moefleet.workloads.base import Arrival
 
 REQUESTS = 6
+CAL_ROUNDS = 3  # in-process calibration rounds, the fastest kept (calibrate_runtime)
 MAX_PROMPT = 48
 MAX_OUTPUT = 12
 REMOE = {"remoe-mmp": "remoe", "remoe-sweep": "remoe-sweep", "remoe-cpu": "cpu",
@@ -149,11 +150,11 @@ def run_real(sc: Scenario, policy: str, adapter: Any, *, salc: bool) -> dict[str
 def calibrate_cpu(sc: Scenario, adapter: Any) -> Any:
     """The engine's CPU times on this machine (a
     :class:`~moefleet.calibration.remoe.RemoeCalibration`), for :attr:`Scenario.cpu_cal`:
-    three prompts of their own (never the measured requests) through the in-process engine,
-    then through a plan with every expert remote, on the local backend without any
-    emulation. Its functions get one vCPU or more (one worker thread is one vCPU), so the
-    times are the engine's own, not a share's; the simulator scales them by the vCPUs a
-    plan's memory gets."""
+    three prompts of their own (never the measured requests) through the in-process engine
+    (three rounds, the fastest kept), then through a plan with every expert remote, on the
+    local backend without any emulation. Its functions get one vCPU or more (one worker
+    thread is one vCPU), so the times are the engine's own, not a share's; the simulator
+    scales them by the vCPUs a plan's memory gets."""
     import tempfile
 
     from moefleet.calibration.remoe import calibrate_runtime
@@ -174,7 +175,8 @@ def calibrate_cpu(sc: Scenario, adapter: Any) -> Any:
         return calibrate_runtime(adapter, prompts, platform=sc.spec, store=open_store(tmp),
                                  max_tokens=MAX_OUTPUT, main_memory_mb=at_least(
                                      max(2048.0, one_vcpu_mb)),
-                                 remote_memory_mb=at_least(one_vcpu_mb), gpu_gb=0.0)
+                                 remote_memory_mb=at_least(one_vcpu_mb), gpu_gb=0.0,
+                                 rounds=CAL_ROUNDS)
 
 
 def platform_emulation(sc: Scenario) -> dict[str, Any]:

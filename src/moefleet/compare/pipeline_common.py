@@ -16,23 +16,29 @@ import numpy as np
 
 from moefleet.compare.rows import Row, fill_latency
 from moefleet.compare.scenario import Scenario
-from moefleet.profiles.model import BatchLaw, ComputeProfile, FunctionProfile
+from moefleet.profiles.model import BatchLaw, ComputeProfile, FunctionProfile, ThreadLaw
 from moefleet.sim.synthetic import DEFAULT_THREADS
 
 FP32 = 4
+ONE_THREAD = ThreadLaw(0.0, 0.0, 1.0)  # flat from one vCPU up (see profile_of)
 
 
 def profile_of(sc: Scenario) -> ComputeProfile:
     """The shape's profile: FLOP-scaled, or with the engine's CPU times measured here
     (``sc.cpu_cal``, ``--measure``): a segment per step costs the per-layer decode time of
     the engine at one token and its prompt time per further token; an expert call the
-    remote handler's fixed time plus the measured slot time per token."""
+    remote handler's fixed time plus the measured slot time per token; both at one thread
+    whatever the vCPUs above one (no thread scaling was measured)."""
     d = sc.dims
     rate = sc.timing.cpu_flops_1
     cal = sc.cpu_cal
 
+    # Calibrated times were measured on one thread: no speed-up from more vCPUs is
+    # assumed (paid for, not used; conservative), a share below one core is 1/v slower.
+    threads = DEFAULT_THREADS if cal is None else ONE_THREAD
+
     def law(params: float, batch: BatchLaw | None = None) -> FunctionProfile:
-        return FunctionProfile(batch or BatchLaw(1e-3, 2.0 * params / rate), DEFAULT_THREADS,
+        return FunctionProfile(batch or BatchLaw(1e-3, 2.0 * params / rate), threads,
                                param_bytes=int(params * FP32))
 
     moe = list(range(d.moe_layers))

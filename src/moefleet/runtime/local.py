@@ -292,10 +292,12 @@ class LocalBackend(InstanceBook, FunctionBackend):
         except (OSError, ValueError):
             pass  # the worker died; its receiver thread marks the call lost
         finished = call.done.wait(max(0.0, deadline - time.monotonic()) + 10.0)
-        # With startup emulated, a call that succeeded holds its instance (not its worker)
-        # through the emulated wait below.
-        held = (self._startup is not None and finished and not call.timed_out
-                and call.reply is not None and bool(call.reply.get("ok")))
+        # A call that succeeded holds its instance (not its worker) through the waits
+        # below: the rest of its CPU share (the emulated limits) and the emulated startup.
+        ok = (finished and not call.timed_out and call.reply is not None
+              and bool(call.reply.get("ok")))
+        stretch = float(call.reply.get("cpu_stretch_s", 0.0)) if ok and call.reply else 0.0
+        held = ok and (self._startup is not None or stretch > 0)
         with self._cond:
             if not held:  # else released after the emulated wait
                 inst.in_flight -= 1
@@ -326,9 +328,12 @@ class LocalBackend(InstanceBook, FunctionBackend):
             inst.loaded = True
         record = reply_record(spec, reply, request_id=request_id, bytes_in=len(payload),
                               bytes_out=len(call.body))
-        if self._startup is not None:
+        if held:
             try:
-                record = self._startup.wait(record)
+                if stretch > 0:  # until the end the worker stamped (now + the shortfall)
+                    time.sleep(max(0.0, float(reply["end"]) - time.time()))
+                if self._startup is not None:
+                    record = self._startup.wait(record)
             finally:
                 with self._cond:
                     inst.in_flight -= 1

@@ -14,7 +14,10 @@ A local worker process hosts many instances, so the kernel cannot enforce one fu
   ``OutOfMemoryError``), its measured duration is kept, and the instance is dropped.
 - **CPU**: a function whose vCPU share ``v`` is below one core runs on a whole thread, so
   its handler is stretched afterwards to ``cpu_s / v`` seconds of wall time (``cpu_s``:
-  the worker's CPU time during the handler), what a CPU quota of ``v`` would allow.
+  the worker's CPU time during the handler), what a CPU quota of ``v`` would allow. The
+  caller waits the stretch out with the instance held and the worker's slot free (a
+  platform runs each instance on a quota of its own, in parallel; a stretch slept in the
+  worker would queue the other calls behind it on a machine with few workers).
 
 Both are labelled "emulated" in :meth:`LocalBackend.stats`. Off with
 ``LocalBackend(limits=False)`` or ``MOEFLEET_LOCAL_LIMITS=off`` (tests of other things).
@@ -100,18 +103,26 @@ class CallGauge:
     def growth(self) -> int:
         return max(0, peak_bytes() - self.rss0, rss_bytes() - self.rss0)
 
-    def stretch_to_share(self, vcpus: float) -> float:
-        """Sleep until the call has lasted ``cpu_s / vcpus``; returns the seconds added."""
-        return hold_to_share(time.process_time() - self.cpu0, time.time() - self.t0, vcpus)
+    def share_shortfall(self, vcpus: float) -> float:
+        """Seconds the call must still last to have lasted ``cpu_s / vcpus`` (0 at a whole
+        core or more). The worker does not sleep them: its caller waits them out with the
+        instance held and the worker's slot free, as a platform runs every instance on a
+        quota of its own, in parallel (``LocalBackend._attempt``)."""
+        return share_shortfall(time.process_time() - self.cpu0, time.time() - self.t0,
+                               vcpus)
+
+
+def share_shortfall(cpu_s: float, wall_s: float, vcpus: float) -> float:
+    """What work that took ``cpu_s`` of CPU in ``wall_s`` lacks of the ``cpu_s / vcpus`` a
+    CPU quota of ``vcpus`` (< 1) gives it; 0 for a share of a whole core or more."""
+    if vcpus >= 1.0 or vcpus <= 0:
+        return 0.0
+    return max(0.0, cpu_s / vcpus - wall_s)
 
 
 def hold_to_share(cpu_s: float, wall_s: float, vcpus: float) -> float:
-    """Sleep until work that took ``cpu_s`` of CPU in ``wall_s`` has lasted what a CPU
-    quota of ``vcpus`` (< 1) allows, ``cpu_s / vcpus``; returns the seconds added (0 for
-    a share of a whole core or more)."""
-    if vcpus >= 1.0 or vcpus <= 0:
-        return 0.0
-    extra = cpu_s / vcpus - wall_s
+    """Sleep the :func:`share_shortfall` now; returns the seconds added."""
+    extra = share_shortfall(cpu_s, wall_s, vcpus)
     if extra > 0:
         time.sleep(extra)
-    return max(0.0, extra)
+    return extra

@@ -137,8 +137,10 @@ class _Worker:
             if gauge is not None:
                 reply["memory_bytes"] = self.base_rss + inst.charged + gauge.growth()
                 self._check_memory(inst, gauge.growth() + inst.charged, "run")
-                reply["cpu_stretch_s"] = gauge.stretch_to_share(inst.vcpus)
-                reply["end"] = time.time()
+                # the caller waits the share out (this worker's slot free meanwhile)
+                extra = gauge.share_shortfall(inst.vcpus)
+                reply["cpu_stretch_s"] = extra
+                reply["end"] = time.time() + extra
             reply["puts"] += res.puts
             reply["gets"] += res.gets
             reply["ok"] = True
