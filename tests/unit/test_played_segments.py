@@ -123,3 +123,43 @@ def test_the_platforms_startup_is_waited_and_a_first_call_billed_as_init() -> No
     played.execute(_step(1))
     assert time.perf_counter() - t0 < 2 * 0.05  # warm now: the warm starts only
     assert not any(r.cold for r, _ in played.drain())
+
+
+def _burn(seconds: float) -> None:
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < seconds:
+        pass
+
+
+def test_the_expert_seams_cpu_is_the_coordinators_not_a_segments() -> None:
+    """Invoking the expert functions is the coordinator's work (unbilled, as the
+    simulator prices it): the seam's CPU time is taken out of the segments' bill; the
+    timed stack keeps the stack's own attributes."""
+    from moefleet.compose.played_segments import SeamClock
+
+    class Experts:
+        owners: list[str] = []
+
+        def set_owners(self, owners: list[str]) -> None:
+            self.owners = owners
+
+        def __call__(self, seconds: float) -> None:
+            _burn(seconds)
+
+    clock = SeamClock()
+    experts = clock.wrap(Experts())
+    experts.set_owners(["7"])
+    assert experts.owners == ["7"]
+
+    class Forward(Busy):
+        def execute(self, out: object) -> RunnerOutput:
+            _burn(0.02)  # non-experts
+            experts(0.06)  # the expert seam
+            return RunnerOutput([], None, forward_s=0.08)
+
+    spec = load_platform("aws-lambda")
+    played = SegmentPlayedRunner(Forward(0.0), _segments(1769, (True,)), spec,  # type: ignore[arg-type]
+                                 seam=clock)
+    played.execute(_step(1))
+    pre = sum(r.duration_s for r, _ in played.drain())
+    assert 0.02 * 0.9 <= pre < 0.05, pre  # the 0.06 s in the seam is not billed

@@ -208,21 +208,26 @@ def _expert_parts(adapter: MoEModelAdapter, dep: Deployment, fb: FunctionBackend
         runner, sources = seg, [seg, rx]
         notes.append("segment functions: prompts only (no KV cache)")
     else:
-        runner = InProcessRunner(adapter, experts=pieces,
+        seam = None
+        if options.play_segments:
+            from moefleet.compose.played_segments import SeamClock
+
+            seam = SeamClock()
+        runner = InProcessRunner(adapter, experts=seam.wrap(pieces) if seam else pieces,
                                  kv_budget_bytes=options.kv_budget_bytes,
                                  block_size=options.block_size,
                                  max_num_seqs=options.max_num_seqs,
                                  max_model_len=options.max_model_len,
                              **runner_sizes(options))
-        if options.play_segments:
-            runner = _played(runner, dep, fb, spec, notes)
+        if seam is not None:
+            runner = _played(runner, dep, fb, spec, notes, seam)
             sources = [runner, rx]  # type: ignore[list-item]
     biller = InvocationBiller(sources, spec, audit=audit)
     return DeployedParts(runner, pieces, biller, dep, fb, str(device), notes)
 
 
 def _played(runner: ModelRunner, dep: Deployment, fb: FunctionBackend, spec: PlatformSpec,
-            notes: list[str]) -> ModelRunner:
+            notes: list[str], seam: Any) -> ModelRunner:
     """``runner`` playing the plan's segment functions (:mod:`.played_segments`)."""
     from moefleet.compose.played_segments import PlayedSegment, SegmentPlayedRunner
 
@@ -230,7 +235,7 @@ def _played(runner: ModelRunner, dep: Deployment, fb: FunctionBackend, spec: Pla
     played = [PlayedSegment(dep.function(f.name), f.memory_mb, int(f.layer or 0),
                             f.layer in moe) for f in dep.placement.segments]
     startup = getattr(fb, "startup_emulation", None)
-    held = SegmentPlayedRunner(runner, played, spec, startup=startup)
+    held = SegmentPlayedRunner(runner, played, spec, startup=startup, seam=seam)
     notes.append(f"emulated: this process plays the {len(played)} segment functions (held "
                  f"to {held.vcpus:.3g} vCPU, each step billed as their invocations"
                  + (", the platform's startup on each" if startup is not None else "") + ")")
