@@ -138,7 +138,8 @@ def test_the_expert_seams_cpu_is_the_coordinators_not_a_segments() -> None:
     from moefleet.compose.played_segments import SeamClock
 
     class Experts:
-        owners: list[str] = []
+        def __init__(self) -> None:
+            self.owners: list[str] = []
 
         def set_owners(self, owners: list[str]) -> None:
             self.owners = owners
