@@ -8,27 +8,7 @@ import time
 import pytest
 
 from moefleet.compose.held_share import ShareHeldRunner
-from moefleet.engine.runner import RunnerOutput
-
-
-class Busy:
-    """A runner whose forward burns ``cpu_s`` of CPU."""
-
-    vocab_size = 7
-    num_cache_blocks, block_size, max_model_len = 4, 16, 64
-
-    def __init__(self, cpu_s: float) -> None:
-        self.cpu_s = cpu_s
-        self.freed: list[int] = []
-
-    def execute(self, out: object) -> RunnerOutput:
-        t0 = time.process_time()
-        while time.process_time() - t0 < self.cpu_s:
-            pass
-        return RunnerOutput([], None, forward_s=self.cpu_s)
-
-    def free(self, seq_ids: list[int]) -> None:
-        self.freed += seq_ids
+from tests.unit.runner_helpers import Busy
 
 
 def test_a_forward_is_stretched_to_its_share_and_billed_so() -> None:

@@ -14,26 +14,11 @@ from moefleet.engine.runner import RunnerOutput
 from moefleet.engine.scheduler import ScheduledSeq, SchedulerOutput
 from moefleet.platform import load_platform
 from moefleet.platform.billing import Meter
+from tests.unit import runner_helpers
 
 
-class Busy:
-    """A runner whose forward burns ``cpu_s`` of CPU."""
-
+class Busy(runner_helpers.Busy):
     vocab_size = 11
-    max_model_len = 64
-
-    def __init__(self, cpu_s: float) -> None:
-        self.cpu_s = cpu_s
-        self.freed: list[int] = []
-
-    def execute(self, out: object) -> RunnerOutput:
-        t0 = time.process_time()
-        while time.process_time() - t0 < self.cpu_s:
-            pass
-        return RunnerOutput([], None, forward_s=self.cpu_s)
-
-    def free(self, seq_ids: list[int]) -> None:
-        self.freed += seq_ids
 
 
 def _step(*tokens: int) -> SchedulerOutput:

@@ -162,11 +162,7 @@ def calibrate_cpu(sc: Scenario, adapter: Any) -> Any:
     from moefleet.platform import open_store
 
     one_vcpu_mb = 1024 * gb_per_vcpu(sc.spec)
-    offered = sorted(sc.spec.memory_options_mb())
-
-    def at_least(mb: float) -> int:
-        return next((m for m in offered if m >= mb), offered[-1])
-
+    at_least = sc.spec.round_up_memory
     rng = np.random.default_rng(sc.seed + 101)
     vocab = adapter.summary().vocab_size or 256
     prompts = [rng.integers(1, vocab, n).tolist() for n in (MAX_PROMPT // 2, MAX_PROMPT - 8,

@@ -15,28 +15,22 @@ Scheduling and sampling around the forward are not stretched.
 from __future__ import annotations
 
 import time
-from typing import Any
 
+from moefleet.compose.wrapped_runner import WrappedRunner
 from moefleet.engine.runner import ModelRunner, RunnerOutput
 from moefleet.engine.scheduler import SchedulerOutput
 from moefleet.runtime.local_limits import hold_to_share
 
 
-class ShareHeldRunner:
+class ShareHeldRunner(WrappedRunner):
     """``inner`` with each :meth:`execute` held to ``vcpus`` (< 1) of a core."""
 
     def __init__(self, inner: ModelRunner, vcpus: float) -> None:
         if not 0 < vcpus < 1:
             raise ValueError(f"a held share is in (0, 1) vCPU, got {vcpus!r}")
-        self.inner, self.vcpus = inner, vcpus
+        super().__init__(inner)
+        self.vcpus = vcpus
         self.stretch_s = 0.0  # total wall time added
-
-    def __getattr__(self, name: str) -> Any:  # sizes, cache, adapter: the inner runner's
-        return getattr(self.inner, name)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.inner.vocab_size
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         cpu0, t0 = time.process_time(), time.perf_counter()
@@ -46,6 +40,3 @@ class ShareHeldRunner:
         res.forward_s += extra
         self.stretch_s += extra
         return res
-
-    def free(self, seq_ids: list[int]) -> None:
-        self.inner.free(seq_ids)

@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from moefleet.compose.wrapped_runner import WrappedRunner
 from moefleet.engine.runner import ModelRunner, RunnerOutput
 from moefleet.engine.scheduler import SchedulerOutput
 from moefleet.platform import InvocationRecord, PlatformSpec
@@ -86,7 +87,7 @@ class PlayedSegment:
     moe: bool
 
 
-class SegmentPlayedRunner:
+class SegmentPlayedRunner(WrappedRunner):
     """``inner`` paced and billed as ``segments`` (see the module docstring); also the
     biller's :class:`~moefleet.compose.billing.Attributed` source of their records."""
 
@@ -95,7 +96,8 @@ class SegmentPlayedRunner:
                  seam: SeamClock | None = None) -> None:
         if not segments:
             raise ValueError("a plan with segment functions has at least one block")
-        self.inner, self.segments = inner, list(segments)
+        super().__init__(inner)
+        self.segments = list(segments)
         self.shares = [min(1.0, float(spec.vcpus(s.memory_mb))) for s in self.segments]
         if not all(v > 0 for v in self.shares):
             raise ValueError(f"segment vCPU shares must be > 0, got {self.shares}")
@@ -107,13 +109,6 @@ class SegmentPlayedRunner:
         self._started: set[int] = set()  # blocks whose segment has cold-started
         self._lock = threading.Lock()
         self._records: list[tuple[InvocationRecord, dict[str, float]]] = []
-
-    def __getattr__(self, name: str) -> Any:  # sizes, cache, adapter: the inner runner's
-        return getattr(self.inner, name)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.inner.vocab_size
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         self.seam.take()
@@ -161,6 +156,3 @@ class SegmentPlayedRunner:
 
     def store_requests(self) -> tuple[int, int]:
         return (0, 0)  # the played segments' scatter and gather are the runner's own
-
-    def free(self, seq_ids: list[int]) -> None:
-        self.inner.free(seq_ids)
