@@ -40,7 +40,7 @@ def _adapter() -> HFMoEAdapter:
     return HFMoEAdapter(tiny_model("mixtral", vocab_size=512, seed=5))
 
 
-@pytest.mark.parametrize("kernel", ["loop", "stacked"])
+@pytest.mark.parametrize("kernel", ["loop", "stacked", "fused"])
 def test_engine_on_cuda_gives_the_cpu_tokens(kernel: str) -> None:
     want = _tokens(build_engine(_adapter(), kernel="loop"))
     adapter = _adapter()

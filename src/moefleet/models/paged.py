@@ -79,6 +79,10 @@ def step_masks(view: StepCacheView, pos_BT: torch.Tensor,
     num_BHQ = (torch.tensor(view.blocks_per_row, dtype=torch.int32, device=dev)
                .view(B, 1, 1).expand(B, 1, num_q).contiguous())
     table_BM = view._table_BM.to(torch.int32)
+    if table_BM.shape[1] == 1:
+        # at least 2 index columns (the spare one is past every row's count, so unread):
+        # a width of 1 would be a shape of its own to the compiled kernel, one more compile
+        table_BM = torch.cat([table_BM, torch.zeros_like(table_BM)], dim=1)
     idx_BHQM = table_BM.view(B, 1, 1, -1).expand(B, 1, num_q, table_BM.shape[1]).contiguous()
     tag_S, spos_S, row_tag_B = cache.slot_tag, cache.slot_pos, view.row_tag_B
     qpos_BT, valid_BT = pos_BT.to(dev), view._valid_BT
@@ -119,7 +123,14 @@ _compiled: Callable[..., Any] | None = None
 
 
 def _flex_for(device: torch.device) -> Callable[..., Any]:
-    """The compiled kernel on CUDA (compiled once, on first use); eager elsewhere."""
+    """The compiled kernel on CUDA (compiled once, on first use); eager elsewhere.
+
+    Rows, query length and block-table width change every step, and dynamo compiles
+    again for new sizes (sizes of 1 keep graphs of their own). On an H100 its default
+    limit of 8 compiles was reached in the second paged engine of one process; that
+    engine and the next failed every request within 17 steps (docs/real-sizes.md). A
+    run with the limit raised to 32 finished no engine run in 380 s. Block-mask shapes
+    that do not change from step to step are the way out; not done yet."""
     global _compiled
     if device.type != "cuda":
         return flex_attention
@@ -147,7 +158,9 @@ def paged_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
     # in eager mode) turns a float argument that changes between calls (two models in one
     # process) into a tensor it reads on the host in every call.
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling  # None: flex's default
-    q_BHTD = query * scale
+    # contiguous: HF hands a transposed view whose strides differ between decode and
+    # prefill, and each stride pattern would be a compile of its own
+    q_BHTD = (query * scale).contiguous()
     out_BHTD = flex(q_BHTD, key.to(query.dtype), value.to(query.dtype),
                     block_mask=attention_mask.block_mask, scale=1.0,
                     enable_gqa=query.shape[1] != key.shape[1],
