@@ -59,6 +59,7 @@ from scale_helpers import (
     release,
 )
 from scale_runs import hf_static, host_reads, profile_decode
+from torch._dynamo import reset as dynamo_reset
 
 from moefleet.brownout.united import averaged_united
 from moefleet.compose import StackOptions, in_process_engine
@@ -141,6 +142,9 @@ def run_engine(adapter: Any, ids: list[list[int]], lens: list[int], a: argparse.
     del opened, eng
     release(dev)  # the timed engine's cache goes before the counting engine sizes its own
     info.update(host_reads(adapter, ids, a, stack, attention))
+    # The counting mode makes dynamo compile paged attention's shapes again (4 more, up
+    # to its limit of 8, after which flex runs eagerly over the whole pool): drop them.
+    dynamo_reset()
     release(dev)
     if a.profile:
         a.profile = False  # the first engine run only

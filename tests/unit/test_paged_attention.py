@@ -147,3 +147,38 @@ def test_the_paged_path_is_not_imported_until_a_paged_step_runs() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
     assert out.stdout.strip() == "False"
+
+
+def test_compiled_paged_attention_sees_a_bounded_set_of_shapes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dynamo compiles the CUDA kernel again for every new shape it is handed, and after
+    8 it falls back to eager, which scans the whole pool (on an H100 that failed whole
+    engine runs). Compiled here with dynamo's eager backend (the same guards, no
+    kernel): sequences that grow over many blocks, batches of 1 to 16 rows, prefill and
+    decode together make at most 4 graphs (one row or several, times one query token or
+    several). Measured the same way: a step under a ``TorchFunctionMode`` (the benchmark's
+    host-read counter) compiles each of them again, 8 in all, the limit."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    from torch.nn.attention.flex_attention import flex_attention
+
+    import moefleet.models.paged as paged
+
+    torch._dynamo.reset()
+    compiled = torch.compile(flex_attention, backend="eager")
+    monkeypatch.setattr(paged, "_flex_for", lambda device: compiled)
+    adapter = HFMoEAdapter(tiny_model("olmoe", vocab_size=128, seed=1))
+    engine = in_process_engine(adapter, stack=StackOptions(kernel="fused"), attention="paged",
+                               block_size=4, max_num_seqs=16, max_num_batched_tokens=64,
+                               kv_budget_bytes=adapter.kv_layout().bytes_per_token * 1024,
+                               max_model_len=96).engine
+    before = counters["stats"]["unique_graphs"]
+    for i in range(24):  # prompts of 3-31 tokens, 2-10 new: table widths 1 to 11 blocks
+        engine.add_request([1 + i % 50] * (3 + i % 29),
+                           SamplingParams(max_tokens=2 + i % 9, temperature=0,
+                                          ignore_eos=True))
+    errors = []
+    while engine.has_unfinished:
+        errors += [o.error for o in engine.step() if o.error]
+    assert not errors
+    assert counters["stats"]["unique_graphs"] - before <= 4

@@ -127,6 +127,7 @@ class InProcessRunner:
                                                 layout.bytes_per_token, source)
         self.max_model_len = kv_sizing.check_fits(self.kv_capacity, self.max_model_len,
                                                   explicit=max_model_len is not None)
+        self.cache.mask_width = -(-self.max_model_len // block_size)  # paged masks' width
         _log.info("%s; %s; %s attention", self.kv_capacity.describe(), str(layout.dtype),
                   self.attention)
 

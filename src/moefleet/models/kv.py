@@ -101,6 +101,10 @@ class KVCache:
         slots = num_blocks * P if attention == "paged" else 0
         self.slot_tag = torch.full((slots,), -1, dtype=torch.long, device=self.device)
         self.slot_pos = torch.zeros(slots, dtype=torch.long, device=self.device)
+        # paged mode: the block masks' table width (blocks a sequence can hold; the runner
+        # sets it from max_model_len). One width for every step keeps the compiled
+        # attention kernel's shapes from changing as sequences grow. 0: each step's own.
+        self.mask_width = 0
 
     @property
     def paged(self) -> bool:

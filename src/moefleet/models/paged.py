@@ -79,10 +79,13 @@ def step_masks(view: StepCacheView, pos_BT: torch.Tensor,
     num_BHQ = (torch.tensor(view.blocks_per_row, dtype=torch.int32, device=dev)
                .view(B, 1, 1).expand(B, 1, num_q).contiguous())
     table_BM = view._table_BM.to(torch.int32)
-    if table_BM.shape[1] == 1:
-        # at least 2 index columns (the spare one is past every row's count, so unread):
-        # a width of 1 would be a shape of its own to the compiled kernel, one more compile
-        table_BM = torch.cat([table_BM, torch.zeros_like(table_BM)], dim=1)
+    # The table padded to the cache's mask width, and to at least 2 columns (a width of 1
+    # is a shape of its own to dynamo): one width for every step, so that growing
+    # sequences never hand the compiled kernel a new shape. Columns past a row's count
+    # are unread.
+    width = max(table_BM.shape[1], cache.mask_width, 2)
+    if width > table_BM.shape[1]:
+        table_BM = torch.nn.functional.pad(table_BM, (0, width - table_BM.shape[1]))
     idx_BHQM = table_BM.view(B, 1, 1, -1).expand(B, 1, num_q, table_BM.shape[1]).contiguous()
     tag_S, spos_S, row_tag_B = cache.slot_tag, cache.slot_pos, view.row_tag_B
     qpos_BT, valid_BT = pos_BT.to(dev), view._valid_BT
@@ -129,8 +132,10 @@ def _flex_for(device: torch.device) -> Callable[..., Any]:
     again for new sizes (sizes of 1 keep graphs of their own). On an H100 its default
     limit of 8 compiles was reached in the second paged engine of one process; that
     engine and the next failed every request within 17 steps (docs/real-sizes.md). A
-    run with the limit raised to 32 finished no engine run in 380 s. Block-mask shapes
-    that do not change from step to step are the way out; not done yet."""
+    run with the limit raised to 32 finished no engine run in 380 s. The block table's
+    width is now the cache's (:func:`step_masks`); rows and query length still vary, and
+    a ``TorchFunctionMode`` (the host-read counter) compiles every shape again.
+    Not yet run on a GPU."""
     global _compiled
     if device.type != "cuda":
         return flex_attention
