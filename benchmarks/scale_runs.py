@@ -32,14 +32,19 @@ def profile_decode(adapter: Any, ids: list[list[int]], a: argparse.Namespace,
     eng = in_process_engine(adapter, stack=stack, device=a.device, attention=attention,
                             max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
                             kv_budget_bytes=budget).engine
+    # Enough new tokens that no row finishes before the last is prefilled (rows prefilled
+    # early decode meanwhile): at most one per prefill step, plus the profiled steps.
+    prefill_steps = -(-sum(len(p) for p in rows) // 64) + 1  # generous: prefill chunks are larger
     for p in rows:
-        eng.add_request(p, SamplingParams(max_tokens=steps + 4, temperature=0,
-                                          ignore_eos=True))
-    while True:  # prefill, and one decode step to warm up
+        eng.add_request(p, SamplingParams(max_tokens=prefill_steps + steps + 4,
+                                          temperature=0, ignore_eos=True))
+    while True:  # prefill, and one decode step of every row to warm up
         eng.step()
         st = eng.stats.steps[-1]
         if st.num_tokens == st.num_rows == len(rows):
             break
+        if not eng.has_unfinished:
+            raise RuntimeError("every request finished before a decode step of all rows")
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device != "cpu" else [])
     sync(torch.device(a.device))
     t0 = time.perf_counter()
