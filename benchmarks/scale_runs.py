@@ -36,7 +36,8 @@ def profile_decode(adapter: Any, ids: list[list[int]], a: argparse.Namespace,
     # early decode meanwhile): at most one per prefill step, plus the profiled steps.
     prefill_steps = -(-sum(len(p) for p in rows) // 64) + 1  # generous: prefill chunks are larger
     for p in rows:
-        eng.add_request(p, SamplingParams(max_tokens=prefill_steps + steps + 4,
+        room = a.max_model_len - len(p)  # the context bounds it
+        eng.add_request(p, SamplingParams(max_tokens=min(prefill_steps + steps + 4, room),
                                           temperature=0, ignore_eos=True))
     while True:  # prefill, and one decode step of every row to warm up
         eng.step()

@@ -131,11 +131,11 @@ def _flex_for(device: torch.device) -> Callable[..., Any]:
     Rows, query length and block-table width change every step, and dynamo compiles
     again for new sizes (sizes of 1 keep graphs of their own). On an H100 its default
     limit of 8 compiles was reached in the second paged engine of one process; that
-    engine and the next failed every request within 17 steps (docs/real-sizes.md). A
-    run with the limit raised to 32 finished no engine run in 380 s. The block table's
-    width is now the cache's (:func:`step_masks`); rows and query length still vary, and
-    a ``TorchFunctionMode`` (the host-read counter) compiles every shape again.
-    Not yet run on a GPU."""
+    engine and the next failed every request within 17 steps (docs/real-sizes.md). An
+    engine's steps make 4 graphs (measured with dynamo's eager backend on the CPU), and
+    a ``TorchFunctionMode`` (the benchmark's host-read counter) compiles them again. The
+    block table's width is the cache's (:func:`step_masks`), so growing sequences add
+    none; rows and query length still vary. Not yet run on a GPU."""
     global _compiled
     if device.type != "cuda":
         return flex_attention
