@@ -232,7 +232,7 @@ def summarise(res: dict[str, Any], samples: dict[str, list[dict[str, Any]]],
     kernels = [outputs[n] for n in ("engine_loop", "engine_stacked", "engine_fused")
                if n in outputs]
     # bf16: kernels sum in different orders, so near-ties may flip (shares, not checks)
-    res["kernels_agree"] = all(o == kernels[0] for o in kernels) if kernels else None
+    res["kernels_agree"] = all(o == kernels[0] for o in kernels) if len(kernels) > 1 else None
     if "engine_fused" in outputs and seq:
         res["engine_equals_hf_sequential"] = sum(
             x == y for x, y in zip(outputs["engine_fused"][:k], seq, strict=True)) / k
