@@ -16,12 +16,12 @@ import torch
 from moefleet.brownout.united import averaged_united
 from moefleet.compose import StackOptions, in_process_engine
 from moefleet.engine import SamplingParams
-from moefleet.engine.host_reads import HostReads
 from moefleet.engine.request import EngineError
 from moefleet.experts.brownout import BrownoutExperts
 from moefleet.experts.kernels import in_process_experts
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
+from tests.engine_helpers import decode_step_reads
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -104,13 +104,6 @@ def test_a_cuda_decode_step_reads_the_host_at_most_twice(attention: str,
             base, united, 0.4, "partial"))
     engine = in_process_engine(adapter, device="cuda", stack=stack, attention=attention,
                                kv_budget_bytes=64 << 20).engine
-    for i in range(4):
-        engine.add_request([7 + i, 8, 9, 10, 11][: 2 + i],
-                           SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
-    engine.step()  # the prefill
-    reads = []
-    while engine.has_unfinished:
-        with HostReads(keep_sites=True) as counter:
-            engine.step()
-        reads.append(counter.count)
-    assert reads and max(reads) <= 2, (reads, counter.by_name, counter.where)
+    counters = decode_step_reads(engine, requests=4, max_tokens=5)
+    reads = [c.count for c in counters]
+    assert reads and max(reads) <= 2, (reads, [(c.by_name, c.where) for c in counters])

@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 
@@ -19,11 +17,11 @@ from moefleet.brownout.united import averaged_united
 from moefleet.compose import StackOptions, in_process_engine
 from moefleet.compose.presets import brownout_engine, build_engine
 from moefleet.engine import SamplingParams
-from moefleet.engine.host_reads import HostReads
 from moefleet.experts.brownout import BrownoutExperts
 from moefleet.experts.kernels import in_process_experts
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.tiny import tiny_model
+from tests.engine_helpers import decode_step_reads
 
 FAMILIES = ["mixtral", "qwen2_moe", "olmoe", "deepseek_v2"]
 
@@ -76,20 +74,6 @@ def test_device_plan_equals_the_reference_plan() -> None:
         assert dev.to_plan(group_of) == plan_layer(counts.tolist(), threshold, group_of, mode)
 
 
-def _decode_reads(opened: Any) -> list[int]:
-    engine = opened.engine
-    for i in range(5):
-        engine.add_request([7 + i, 8, 9, 10, 11][: 2 + i],
-                           SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
-    engine.step()  # every prompt fits one prefill step
-    reads = []
-    while engine.has_unfinished:
-        with HostReads() as counter:
-            engine.step()
-        reads.append(counter.count)
-    return reads
-
-
 @pytest.mark.parametrize("brownout", ["off", "full", "partial"])
 def test_a_decode_step_reads_the_host_at_most_twice(adapter: HFMoEAdapter,
                                                     brownout: str) -> None:
@@ -100,7 +84,7 @@ def test_a_decode_step_reads_the_host_at_most_twice(adapter: HFMoEAdapter,
     else:
         opened = brownout_engine(adapter, ways=None if brownout == "off" else 4,
                                  threshold=0.4, mode="full", kernel="fused")
-    reads = _decode_reads(opened)
+    reads = [c.count for c in decode_step_reads(opened.engine, requests=5, max_tokens=6)]
     assert reads and max(reads) <= 2, reads
     if brownout != "off":
         router = opened.brownout

@@ -16,13 +16,13 @@ from moefleet.cli import app
 from moefleet.compose import EngineOptions, StackOptions
 from moefleet.compose.root import in_process_engine
 from moefleet.engine import SamplingParams
-from moefleet.engine.host_reads import HostReads
 from moefleet.errors import MoefleetError
 from moefleet.models.attention import resolve_attention
 from moefleet.models.hf import HFMoEAdapter
 from moefleet.models.kv import KVCache, KVCacheError, KVLayout
 from moefleet.models.step import StepInput
 from moefleet.models.tiny import tiny_model
+from tests.engine_helpers import decode_step_reads
 
 
 def _step_view(cache: KVCache, new: list[int]):
@@ -104,17 +104,9 @@ def test_a_paged_decode_step_reads_the_host_no_more_than_gather() -> None:
     opened = in_process_engine(adapter, stack=StackOptions(kernel="fused"), attention="paged",
                                block_size=4,
                                kv_budget_bytes=adapter.kv_layout().bytes_per_token * 64)
-    engine = opened.engine
-    for i in range(4):
-        engine.add_request([7 + i, 8, 9, 10, 11][: 2 + i],
-                           SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
-    engine.step()  # the prefill
-    reads = []
-    while engine.has_unfinished:
-        with HostReads(keep_sites=True) as counter:
-            engine.step()
-        reads.append(counter.count)
-    assert reads and max(reads) <= 2, (reads, counter.by_name, counter.where)
+    counters = decode_step_reads(opened.engine, requests=4, max_tokens=4)
+    reads = [c.count for c in counters]
+    assert reads and max(reads) <= 2, (reads, [(c.by_name, c.where) for c in counters])
 
 
 def test_auto_is_paged_on_cuda_only_and_never_for_latent_caches() -> None:
