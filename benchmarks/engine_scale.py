@@ -68,6 +68,7 @@ from moefleet.engine.engine import merge_into
 from moefleet.engine.request import RequestOutput
 from moefleet.experts.brownout import BrownoutExperts
 from moefleet.io import write_text_atomic
+from moefleet.models.cpu_bf16 import plain_linears
 from moefleet.models.real_shapes import RANDOM_NOTE
 from moefleet.models.registry import load_adapter
 
@@ -295,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         res["load"] = {**old, "from_an_earlier_run": True,
                        "skipped_this_run": res.get("load", {}).get("skipped", "not asked")}
     adapter = load_adapter(a.model, dtype=a.dtype, device=a.device)
+    res["model_notes"] = list(adapter.notes)  # e.g. bf16 linears through float32 blocks
     ids, lens = workload(adapter.vocab_size, a.requests, a)
     tokens = sum(lens)
     bw = copy_bandwidth(dev)
@@ -340,14 +342,16 @@ def main(argv: list[str] | None = None) -> int:
     if any(n.startswith("hf_") for n in names):
         model.config._experts_implementation = "grouped_mm"  # transformers' fastest experts
         model.generation_config.eos_token_id = None
-        hf_generate(model, ids[:2], 2, a.device)  # warm-up, untimed
+        with plain_linears(model):
+            hf_generate(model, ids[:2], 2, a.device)  # warm-up, untimed
     RESULTS.mkdir(exist_ok=True)
     # rounds, every method once per round in the same order: a shared machine's load
     # drifts, so each figure is the median over rounds and ratios compare medians
     for _ in range(a.rounds):
         for name in names:
             if name == "hf_static":
-                hf = hf_static(model, ids, lens, a)
+                with plain_linears(model):  # transformers' own modules, as users run them
+                    hf = hf_static(model, ids, lens, a)
                 if hf is None:
                     res.setdefault("errors", {})[name] = "out of memory down to batch 16"
                     continue
@@ -356,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
                               "gpu_peak_gib": gpu_peak_gib(dev),
                               "experts_implementation": "grouped_mm"}, steps)
             elif name == "hf_sequential":
-                seq, wall, steps = run_hf(model, ids[:k], lens[:k], 1, a.device)
+                with plain_linears(model):
+                    seq, wall, steps = run_hf(model, ids[:k], lens[:k], 1, a.device)
                 record(name, {"wall_s": wall, "tokens_per_s": sum(lens[:k]) / wall,
                               "requests": k}, steps)
             else:

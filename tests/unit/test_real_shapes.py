@@ -127,5 +127,28 @@ def test_cli_generates_with_a_real_shape_slice() -> None:
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert RANDOM_NOTE in out["notes"]
-    assert len(out["outputs"][0]["token_ids"]) == 2
+    assert len(out["outputs"][0]["token_ids"]) == 2, (out["outputs"], r.stderr)
     assert "KV cache: " in r.stderr and "(as given)" in r.stderr
+
+
+def test_bf16_slice_on_a_cpu_without_bf16_units_runs_its_linears_blocked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the blocked float32 path pays (forced here: a CPU with bf16 units would not
+    take it), the loaded model's linears take it, it is said, and the logits of a prefill
+    (every linear, and the fused experts' segment path: 64 tokens x 8 / 64 experts = 8
+    pairs per expert) agree with the plain bf16 matmuls'."""
+    from moefleet.experts.kernels import in_process_experts
+    from moefleet.models.cpu_bf16 import UpcastLinear
+
+    monkeypatch.setenv("MOEFLEET_CPU_BF16_UPCAST", "1")
+    adapter = load_adapter("olmoe-1b-7b:layers=1", dtype="bfloat16")
+    assert any("float32 blocks" in n for n in adapter.notes)
+    assert type(adapter.lm_head) is UpcastLinear
+    ids = torch.randint(0, adapter.vocab_size, (4, 16), generator=torch.Generator().manual_seed(0))
+    fused = in_process_experts(adapter, "fused")
+    got = adapter.forward_layerwise(ids, expert_fn=fused)
+    monkeypatch.setenv("MOEFLEET_CPU_BF16_UPCAST", "0")  # every matmul plain bf16
+    want = adapter.forward_layerwise(ids, expert_fn=fused)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=0.02, atol=0.05)
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9

@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -103,27 +105,39 @@ def concrete_cpu_dtype(name: str | None) -> str | None:
 
 def fastest_cpu_dtype() -> tuple[torch.dtype, float]:
     """(bfloat16 or float32, bf16's speed over fp32's), measured once and cached."""
+
+    def measure() -> dict[str, Any]:
+        speedup = _bf16_speedup()
+        return {"dtype": dtype_name(torch.bfloat16 if speedup > 1.0 else torch.float32),
+                "bf16_speedup": speedup}
+
+    got = cached_cpu_measure("cpu_dtype.json", measure)
+    return DTYPES[got["dtype"]], float(got["bf16_speedup"])
+
+
+def cached_cpu_measure(filename: str, measure: Callable[[], dict[str, Any]]
+                       ) -> dict[str, Any]:
+    """``measure()``'s result, cached in ``<cache>/filename`` per torch build, CPU
+    capability and thread count (a change of any of them measures again)."""
     from moefleet.io import write_json_atomic
     from moefleet.paths import cache_dir
 
-    path = cache_dir() / "cpu_dtype.json"
+    path = cache_dir() / filename
     key = f"{torch.__version__}/{torch.backends.cpu.get_cpu_capability()}/" \
           f"{torch.get_num_threads()}"
     try:
         cached = json.loads(path.read_text())
-        if cached.get("key") == key:
-            return DTYPES[cached["dtype"]], float(cached["bf16_speedup"])
-    except (OSError, ValueError, KeyError):
+        if isinstance(cached, dict) and cached.get("key") == key:
+            return cached
+    except (OSError, ValueError):
         pass
-    speedup = _bf16_speedup()
-    chosen = torch.bfloat16 if speedup > 1.0 else torch.float32
+    got = {**measure(), "key": key}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, {"key": key, "dtype": dtype_name(chosen),
-                                 "bf16_speedup": speedup})
+        write_json_atomic(path, got)
     except OSError as err:  # a read-only cache only costs a re-measurement next time
-        _log.warning("could not cache the CPU dtype measurement: %s", err)
-    return chosen, speedup
+        _log.warning("could not cache a CPU measurement in %s: %s", path, err)
+    return got
 
 
 def _bf16_speedup(m: int = 64, k: int = 2048, n: int = 1024, reps: int = 7) -> float:

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from moefleet.models.cpu_bf16 import linear
+
 
 class GatedExpert(nn.Module):
     """y = down(act(gate(x)) * up(x)); gate and up fused as ``gate_up[2F, D]``."""
@@ -33,8 +35,9 @@ class GatedExpert(nn.Module):
         return int(self.down.shape[1])
 
     def forward(self, x_ND: torch.Tensor) -> torch.Tensor:
-        gate_NF, up_NF = nn.functional.linear(x_ND, self.gate_up).chunk(2, dim=-1)
-        return nn.functional.linear(self.act(gate_NF) * up_NF, self.down)
+        # cpu_bf16.linear: plain F.linear except bf16 on CPUs without bf16 units
+        gate_NF, up_NF = linear(x_ND, self.gate_up).chunk(2, dim=-1)
+        return linear(self.act(gate_NF) * up_NF, self.down)
 
     @classmethod
     def from_stacked(cls, experts: Any, index: int, copy: bool) -> GatedExpert:

@@ -137,9 +137,9 @@ def load_adapter(ref: str | Path, *, dtype: str | torch.dtype | None = None,
         adapter = real_shapes.load_real_shape(ref, dtype=choice.dtype, device=dev)
         return _noted(adapter, choice)
     adapter = _load_any(ref)
-    if dtype is None:
-        return adapter
     checkpoint = next(adapter.model.parameters()).dtype
+    if dtype is None:
+        return _noted(adapter, DtypeChoice(checkpoint, ""))
     choice = resolve_dtype(dtype, checkpoint, dev)
     if choice.dtype != checkpoint:
         adapter.model.to(dtype=choice.dtype)
@@ -153,9 +153,16 @@ def _device(device: str | torch.device) -> torch.device:
 
 
 def _noted(adapter: MoEModelAdapter, choice: DtypeChoice) -> MoEModelAdapter:
-    if choice.reason:
-        _log.info("%s: %s", adapter.name, choice.reason)
-        adapter.notes = (*adapter.notes, choice.reason)
+    notes = [choice.reason] if choice.reason else []
+    if choice.dtype == torch.bfloat16 and next(adapter.model.parameters()).is_cpu:
+        from moefleet.models.cpu_bf16 import use_upcast_linears
+
+        if use_upcast_linears(adapter.model):
+            notes.append("bfloat16 linears run through float32 blocks on this CPU (no "
+                         "bf16 units; weights stay bf16, moefleet.models.cpu_bf16)")
+    for note in notes:
+        _log.info("%s: %s", adapter.name, note)
+    adapter.notes = (*adapter.notes, *notes)
     return adapter
 
 
