@@ -23,8 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -137,20 +136,12 @@ def plain_linears(model: nn.Module) -> Iterator[None]:
 
 def _measure(reps: int = 5) -> dict[str, float | bool]:
     """Median time of 8 rows times a 2048 x 2048 bf16 weight, plain and blocked."""
+    from moefleet.models.dtypes import median_seconds
+
     x = torch.randn(8, 2048).to(torch.bfloat16)
     w = torch.randn(2048, 2048).to(torch.bfloat16)
-
-    def median_s(fn: Callable[[], torch.Tensor]) -> float:
-        fn()  # warm-up: first calls pick kernels
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return sorted(times)[reps // 2]
-
-    plain = median_s(lambda: F.linear(x, w))
-    blocked = median_s(lambda: upcast_matmul(x, w))
+    plain = median_seconds(lambda: F.linear(x, w), reps)
+    blocked = median_seconds(lambda: upcast_matmul(x, w), reps)
     # a clear margin: on CPUs with bf16 units the plain matmul wins by far
     return {"plain_ms": plain * 1e3, "blocked_ms": blocked * 1e3,
             "pays": blocked * 1.2 < plain}

@@ -140,17 +140,23 @@ def cached_cpu_measure(filename: str, measure: Callable[[], dict[str, Any]]
     return got
 
 
+def median_seconds(fn: Callable[[], object], reps: int) -> float:
+    """Median wall time of ``reps`` calls of ``fn`` after one untimed warm-up call (first
+    calls pick kernels)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[reps // 2]
+
+
 def _bf16_speedup(m: int = 64, k: int = 2048, n: int = 1024, reps: int = 7) -> float:
     """fp32 time / bf16 time of a [m, k] x [k, n] matmul (median of ``reps``)."""
 
     def median_s(dtype: torch.dtype) -> float:
         a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
-        a @ b  # warm-up: first calls pick kernels
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            a @ b
-            times.append(time.perf_counter() - t0)
-        return sorted(times)[reps // 2]
+        return median_seconds(lambda: a @ b, reps)
 
     return median_s(torch.float32) / median_s(torch.bfloat16)
