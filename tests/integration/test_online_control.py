@@ -24,7 +24,11 @@ MODEL = "tiny-mixtral-random"  # 3 MoE layers x 8 experts, top-2
 
 
 class _Scripted(ScalingController):
-    """At its first snapshot: exp-0-1 to 2048 MB, exp-1-2 to 128 MB (below the floor)."""
+    """At its first snapshot: exp-0-1 to 2048 MB, exp-1-2 to 128 MB (below the floor) and
+    one replica. The replica change keeps the clamped decision a change whatever the
+    floor measures: a floor equal to the plan's memory (the local runtime's RSS varies by
+    machine and sits near a rung) would otherwise turn it into the current config, which
+    :class:`MemoryFloor` drops."""
 
     name = "scripted"
 
@@ -37,7 +41,7 @@ class _Scripted(ScalingController):
         if state:
             return {}, state
         return {"exp-0-1": FunctionConfig(2048, 1, 1),
-                "exp-1-2": FunctionConfig(128, 2, 1)}, True
+                "exp-1-2": FunctionConfig(128, 1, 1)}, True
 
 
 class _FakeClock:
@@ -92,7 +96,7 @@ def test_online_run_applies_decisions_and_the_simulator_replays_it(tmp_path: Pat
     assert ctl.seen and ctl.seen[0].functions["seg-0"].calls > 0  # real records reached it
     applied = {name: cfg for _, name, cfg in log.applied}
     assert applied["exp-0-1"] == FunctionConfig(2048, 1, 1)
-    assert applied["exp-1-2"] == FunctionConfig(floor["exp-1-2"], 2, 1)  # clamped, not raw
+    assert applied["exp-1-2"] == FunctionConfig(floor["exp-1-2"], 1, 1)  # clamped, not raw
     assert log.clamped_floor == 1
     # Every request that arrived after the decision was applied ran exp-0-1 on the new
     # memory, and the first call on the new memory (by start time) was cold. Requests are
