@@ -3,7 +3,8 @@
 The results, not the speed (benchmarks/engine_scale.py measures that): the blocked path
 equals the float32 product rounded to bf16 and PyTorch's own bf16 matmul to bf16
 rounding; linears swap and swap back without copying a weight; the fused experts kernel
-takes the segment path only at 8 pairs per expert and then reads the segment ends once;
+takes the segment path only at 8 pairs per expert and then reads the segment ends once,
+and its dense path (few experts, many rows each) only where its rule says, reading nothing;
 the measurement is cached per machine; the switch is honoured both ways.
 """
 
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from moefleet.engine.host_reads import HostReads
+from moefleet.experts import kernels
 from moefleet.experts.kernels import CPU_SEGMENT_PAIRS, CPU_SEGMENT_TOKENS, fused_experts
 from moefleet.models import cpu_bf16
 from moefleet.models.dtypes import cached_cpu_measure
@@ -130,6 +132,52 @@ def test_fused_segment_path_equals_the_grouped_path_and_reads_once(
         ref = fused_experts(x.float(), ids, w.float(), gate_up.float(), down.float(), act)
         torch.testing.assert_close(got.float(), ref, rtol=0.02, atol=0.02)
         assert got[(~keep).all(dim=1)].abs().sum() == 0
+
+
+@pytest.mark.parametrize(("tokens", "pairs", "experts", "dense"), [
+    (8, 64, 8, True),     # brownout's 8 united experts in a decode step of 8 rows
+    (32, 256, 8, True),
+    (4, 32, 8, False),    # 4 slots per expert: the blocked path costs 3 rows
+    (16, 32, 8, False),   # Mixtral-like top-2 over 8 at 16 rows: 4 per expert
+    (8, 64, 64, False),   # a decode step over 64 experts
+    (63, 504, 64, False),
+])
+def test_dense_rule(tokens: int, pairs: int, experts: int, dense: bool) -> None:
+    assert kernels._dense_pays(tokens, pairs, experts) is dense
+
+
+def test_dense_path_equals_the_float32_product_and_reads_nothing(
+        forced: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    E, D, F_, N, K = 8, 64, 32, 8, 8
+    g = torch.Generator().manual_seed(1)
+    gate_up = (torch.randn(E, 2 * F_, D, generator=g) / 8).to(BF16)
+    down = (torch.randn(E, D, F_, generator=g) / 8).to(BF16)
+    x = torch.randn(N, D, generator=g).to(BF16)
+    ids = torch.randint(0, E, (N, K), generator=g)
+    w = torch.rand(N, K, generator=g)
+    # brownout's marking: a token's later pair in a group it already has goes to id E;
+    # the last row is marked whole and holds an inf, which must not leak into its output
+    later = torch.stack([(ids[:, :k] == ids[:, k:k + 1]).any(1) for k in range(K)], 1)
+    later[-1] = True
+    ids, w = torch.where(later, E, ids), torch.where(later, 0, w).to(BF16)
+    x[-1, 0] = float("inf")
+    taken: list[int] = []
+    real = kernels._dense
+
+    def spy(*args: Any) -> torch.Tensor:
+        taken.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(kernels, "_dense", spy)
+    with HostReads() as reads:
+        got = fused_experts(x, ids, w, gate_up, down, F.silu)
+    assert taken and reads.count == 0
+    # the grouped path in float32 (float32 never takes the dense path)
+    ref = fused_experts(x[:-1].float(), ids[:-1], w[:-1].float(), gate_up.float(),
+                        down.float(), F.silu)
+    assert len(taken) == 1 and got.dtype == BF16
+    torch.testing.assert_close(got[:-1].float(), ref, rtol=0.02, atol=0.02)
+    assert got[-1].abs().sum() == 0
 
 
 def test_cached_measure_is_reused_and_remeasured_on_a_new_key(
