@@ -34,7 +34,7 @@ demo: install
 TEST_CACHE ?= $(CURDIR)/.cache/moefleet
 test: install
 	MOEFLEET_CACHE_DIR=$(TEST_CACHE) $(VENV)/bin/moefleet models build minilm-moe-e8
-	MOEFLEET_CACHE_DIR=$(TEST_CACHE) MOEFLEET_REQUIRE_ZOO=minilm-moe-e8 $(PY) -m pytest -q tests
+	MOEFLEET_CACHE_DIR=$(TEST_CACHE) MOEFLEET_REQUIRE_ZOO=minilm-moe-e8 $(PY) -m pytest -q --durations=15 tests
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks docs
