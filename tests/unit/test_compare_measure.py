@@ -9,7 +9,7 @@ import functools
 
 import pytest
 
-from moefleet.compare.measure import _plan_for, mini_scenario, run_real
+from moefleet.compare.measure import HELD_SHARES, _plan_for, mini_scenario, run_real
 from moefleet.compare.scenario import Scenario, build_scenario
 from moefleet.compare.shapes import dims_from_adapter
 from moefleet.models.hf import HFMoEAdapter
@@ -103,6 +103,9 @@ def test_measure_calibrates_remoe_rows_with_the_engines_cpu_step() -> None:
     flop = simulated_row(mini_scenario(sc), "remoe-cpu")
     cal = calibrate_cpu(sc, adapter())
     assert cal.nonexpert_decode_s > 0 and cal.expert_token_s > 0
+    # the engine timed held at each share too: one point per share, factors >= 1
+    assert [h[0] for h in cal.held] == list(HELD_SHARES)
+    assert all(min(h[1:]) >= 1.0 for h in cal.held)
     assert cal.call_overhead_s >= 0 and cal.handler_fixed_s >= 0
     sc.cpu_cal = cal
     assert "measured on this machine" in sc.describe()["cpu_timing"]

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from moefleet.compose.held_share import ShareHeldRunner
-from tests.unit.runner_helpers import Busy
+from tests.unit.runner_helpers import Busy, threads_seen_by
 
 
 def test_a_forward_is_stretched_to_its_share_and_billed_so() -> None:
@@ -27,3 +27,10 @@ def test_a_forward_is_stretched_to_its_share_and_billed_so() -> None:
 def test_a_share_outside_zero_one_is_refused(vcpus: float) -> None:
     with pytest.raises(ValueError, match="held share"):
         ShareHeldRunner(Busy(0.0), vcpus)  # type: ignore[arg-type]
+
+
+def test_the_held_forward_runs_on_one_thread_and_restores_the_count() -> None:
+    """A share below one vCPU gets one torch thread, as the local backend's functions do
+    (a second thread's spin would be stretched as the main's work)."""
+    seen, after = threads_seen_by(lambda r: ShareHeldRunner(r, vcpus=0.5), None)  # type: ignore[arg-type]
+    assert seen == [1] and after == 2

@@ -149,3 +149,13 @@ def test_the_expert_seams_cpu_is_the_coordinators_not_a_segments() -> None:
     played.execute(_step(1))
     pre = sum(r.duration_s for r, _ in played.drain())
     assert 0.02 * 0.9 <= pre < 0.05, pre  # the 0.06 s in the seam is not billed
+
+
+def test_the_played_forward_runs_on_one_thread_and_restores_the_count() -> None:
+    """The played segments hold at most one vCPU each, and run on one torch thread as the
+    local backend's functions of that size do."""
+    spec = load_platform("aws-lambda")
+    seen, after = runner_helpers.threads_seen_by(
+        lambda r: SegmentPlayedRunner(r, _segments(1769, (True,)), spec),  # type: ignore[arg-type]
+        _step(1))
+    assert seen == [1] and after == 2

@@ -18,6 +18,7 @@ from moefleet.calibration.remoe import (
     calibrate_runtime,
     calibrated_problem,
     cpu_calibrated,
+    held_factors,
     metered_prices,
     record_slots,
 )
@@ -141,8 +142,85 @@ def test_calibrate_runtime_needs_a_round() -> None:
     with pytest.raises(MoefleetError, match="rounds must be >= 1"):
         calibrate_runtime(adapter, [[1, 2]], platform=None, store=None, max_tokens=2,
                           rounds=0)
+    with pytest.raises(MoefleetError, match="held shares must be in"):
+        calibrate_runtime(adapter, [[1, 2]], platform=None, store=None, max_tokens=2,
+                          held_shares=(0.5, 1.0))
+
+
+def _step(prefill: bool, cpu: float) -> StepTiming:
+    return StepTiming(prefill, 8 if prefill else 1, cpu, 0.0, cpu)
+
+
+def test_held_factors_by_hand() -> None:
+    """Decode: the held steps' median CPU over the unheld one's; prefill: totals over
+    totals; never below 1 (a held step cheaper than an unheld one is noise)."""
+    base = [_step(True, 0.010), _step(True, 0.030),
+            _step(False, 0.004), _step(False, 0.005), _step(False, 0.040)]
+    held = [_step(True, 0.012), _step(True, 0.036),
+            _step(False, 0.006), _step(False, 0.0075), _step(False, 0.0075)]
+    dec, pre = held_factors(base, held)
+    assert dec == pytest.approx(1.5) and pre == pytest.approx(1.2)
+    assert held_factors(held, base) == (1.0, 1.0)
+    with pytest.raises(MoefleetError, match="prefill and decode"):
+        held_factors(base, held[2:])
+
+
+def test_the_main_pays_the_held_factors_below_one_vcpu() -> None:
+    """cpu_calibrated hands the measured factors to the problem; a CPU main's non-experts
+    and local experts cost them at its share (interpolated, the lowest share's below
+    it, 1 from one vCPU); a bad point is refused."""
+    from moefleet.plan.remoe import plan_policy
+    from moefleet.plan.remoe.model import main_times
+
+    spec = load_platform("aws-lambda")
+    dims = model_dims("gpt2-moe")
+    s = np.full((dims.moe_layers, dims.experts), 1 / dims.experts)
+    p = problem_for(dims, Timing(1e9, 4e9), spec, s, n_in=8, n_out=4, ttft_slo_s=30,
+                    tpot_slo_s=1, gpu=False)
+    held = ((0.25, 1.5, 1.2), (0.5, 1.25, 1.1))
+    cal = RemoeCalibration(0.002, 3e-4, 0.001, 0.25, held=held)
+    q = cpu_calibrated(p, cal)
+    assert q.main_held == held
+    assert q.held_factors(0.1) == (1.5, 1.2)  # below the lowest share: its factors
+    assert q.held_factors(0.375) == pytest.approx((1.375, 1.15))
+    assert q.held_factors(0.75) == pytest.approx((1.125, 1.05))  # towards 1 at one vCPU
+    assert q.held_factors(1.0) == q.held_factors(2.0) == (1.0, 1.0)
+    assert cpu_calibrated(p, dataclasses.replace(cal, held=())).held_factors(0.1) == (1, 1)
+    lay = plan_policy(q, "cpu", check_slo=False).layout
+    share = q.gb(lay.main_mb) / q.law.gb_per_vcpu
+    assert share < 1
+    hd, hp = q.held_factors(share)
+    m, m1 = main_times(q, lay), main_times(dataclasses.replace(q, main_held=()), lay)
+    assert m.f_dec == pytest.approx(m1.f_dec * hd)
+    assert m.t_loc == pytest.approx(m1.t_loc * hd)
+    assert m.f_pre == pytest.approx(m1.f_pre * hp)
+    assert m.t_loc_pre == pytest.approx(m1.t_loc_pre * hp)
+    for bad in (((0.5, 1.2, 1.1), (0.25, 1.5, 1.2)), ((1.0, 1.2, 1.1),),
+                ((0.5, 0.9, 1.0),), ((0.5, 1.2),)):
+        with pytest.raises(MoefleetError, match="main_held"):
+            dataclasses.replace(q, main_held=bad)
 
 
 def test_local_backend_refuses_a_zero_thread_cap() -> None:
     with pytest.raises(ValueError, match="max_threads"):
         LocalBackend("aws-lambda", max_threads=0)
+
+
+def test_record_passes_holds_each_step_to_the_share() -> None:
+    """Held to a quarter of a core, every step lasts at least its CPU time x 4 (the
+    shortfall slept after it), and the greedy tokens are the unheld run's."""
+    import time
+
+    from moefleet.calibration.remoe import record_passes
+    from moefleet.models.hf import HFMoEAdapter
+    from moefleet.models.tiny import tiny_model
+
+    a = HFMoEAdapter(tiny_model("mixtral"))
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    _, free, tokens = record_passes(a, prompts, 3)
+    t0 = time.perf_counter()
+    _, held, held_tokens = record_passes(a, prompts, 3, hold_vcpus=0.25)
+    wall = time.perf_counter() - t0
+    assert held_tokens == tokens and len(held) == len(free)
+    assert all(s.cpu_s > 0 for s in held)
+    assert wall >= 0.95 * sum(s.cpu_s for s in held) / 0.25

@@ -286,3 +286,22 @@ def test_zoo_entry_is_registered_with_a_valid_recipe(cache: Path) -> None:
     assert "wikitext2-tokens-valid" not in recipe.data.train
     key = registered.key()
     assert entry.checkpoint_dir(registered.recipe) == cache / "checkpoints" / f"tiny-moe-lm-{key}"
+
+
+def test_a_bf16_build_warns_on_a_cpu_whose_bf16_is_slow(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A bf16-autocast recipe on a CPU without bf16 units trains for hours: the build says
+    so before training (the measured slowdown in the line); fp32 recipes and CPUs with
+    fast bf16 get no warning."""
+    import torch
+
+    from moefleet.models import dtypes
+    from moefleet.models.tinylm import entry
+
+    monkeypatch.setattr(dtypes, "fastest_cpu_dtype", lambda: (torch.float32, 0.05))
+    with caplog.at_level("WARNING"):
+        msg = entry.warn_if_bf16_is_slow("bf16")
+    assert msg is not None and "20x slower" in msg and msg in caplog.text
+    assert entry.warn_if_bf16_is_slow("fp32") is None
+    monkeypatch.setattr(dtypes, "fastest_cpu_dtype", lambda: (torch.bfloat16, 1.4))
+    assert entry.warn_if_bf16_is_slow("bf16") is None

@@ -42,12 +42,15 @@ FOLDED = 1e15  # a rate whose time is already inside a measured constant (bytes/
 
 @dataclass
 class StepTiming:
-    """One in-process engine step: tokens, wall seconds, seconds inside experts."""
+    """One in-process engine step: tokens, wall seconds, seconds inside experts, and the
+    stepping thread's CPU seconds (a held step's wall time includes its hold; its CPU
+    does not)."""
 
     prefill: bool
     tokens: int
     wall_s: float
     expert_s: float
+    cpu_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -63,22 +66,30 @@ class RemoeCalibration:
     slot_wire_s: float = 0.0  # per slot sent to a remote function, beyond its compute
     main_init_s: float = 0.0
     remote_init_s: float = 0.0
+    # (vCPU share, decode factor, prefill factor): a step's CPU time held to that share
+    # over the unheld one's (:func:`held_factors`; RemoeProblem.main_held)
+    held: tuple[tuple[float, float, float], ...] = ()
     source: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def record_passes(adapter: Any, prompts: list[list[int]], max_tokens: int
+def record_passes(adapter: Any, prompts: list[list[int]], max_tokens: int, *,
+                  hold_vcpus: float | None = None
                   ) -> tuple[list[list[Pass]], list[StepTiming], list[list[int]]]:
     """Each prompt alone through the engine (greedy, ``max_tokens`` tokens, no EOS), every
     expert run by the main function's per-expert loop. Returns per request its passes,
     every step's timing, and the greedy tokens. The first prompt runs once untimed
-    before (a process's first steps pay one-off allocations: measured 2x slower)."""
+    before (a process's first steps pay one-off allocations: measured 2x slower).
+    ``hold_vcpus`` (< 1) holds every step to that share of a core as a measured run's
+    main is held (:class:`~moefleet.compose.held_share.ShareHeldRunner`: the shortfall
+    slept after the step), so the next step starts after the same pause."""
     from moefleet.compose import StackOptions
     from moefleet.compose.root import in_process_engine
     from moefleet.engine.request import SamplingParams
     from moefleet.experts.split import held_experts
+    from moefleet.runtime.local_limits import hold_to_share
 
     layers = list(adapter.moe_layers)
     E = adapter.num_experts(layers[0])
@@ -115,12 +126,15 @@ def record_passes(adapter: Any, prompts: list[list[int]], max_tokens: int
                 counts_LE[:] = 0
                 clock["expert"] = 0.0
                 prefill = not out
-                t0 = time.perf_counter()
+                cpu0, t0 = time.thread_time(), time.perf_counter()
                 for o in engine.step():
                     out.extend(o.new_token_ids)
-                wall = time.perf_counter() - t0
+                wall, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
                 mine.append(Pass(prefill, int(clock["tokens"]), counts_LE.copy()))
-                steps.append(StepTiming(prefill, int(clock["tokens"]), wall, clock["expert"]))
+                steps.append(StepTiming(prefill, int(clock["tokens"]), wall, clock["expert"],
+                                        cpu))
+                if hold_vcpus is not None:
+                    hold_to_share(cpu, wall, hold_vcpus)
             passes.append(mine)
             tokens.append(out)
     return passes, steps, tokens
@@ -146,6 +160,24 @@ def calibrate_in_process(steps: list[StepTiming], num_layers: int, top_k: int
         nonexpert_decode_s=max(f_dec, 0.0), nonexpert_prefill_token_s=max(f_pre, 0.0),
         expert_token_s=t_loc, prefill_factor=min(1.0, t_pre / t_loc),
         source={"in_process_steps": {"prefill": len(pre), "decode": len(dec)}})
+
+
+def held_factors(base: list[StepTiming], held: list[StepTiming]) -> tuple[float, float]:
+    """(decode, prefill) CPU factors of ``held`` steps (:func:`record_passes` with
+    ``hold_vcpus``) over ``base`` (the same prompts unheld): decode by per-step medians,
+    prefill by totals (a few steps of unequal lengths). At least 1 each: a held step is
+    not cheaper than an unheld one, so a ratio below 1 is noise."""
+    def cpu(steps: list[StepTiming], prefill: bool) -> list[float]:
+        return [s.cpu_s for s in steps if s.prefill == prefill]
+
+    if not cpu(base, False) or not cpu(held, False) or not cpu(base, True) \
+            or not cpu(held, True):
+        raise MoefleetError("held factors need prefill and decode steps on both sides",
+                            "record at least 2 output tokens per request")
+    dec = statistics.median(cpu(held, False)) / max(statistics.median(cpu(base, False)),
+                                                    1e-12)
+    pre = sum(cpu(held, True)) / max(sum(cpu(base, True)), 1e-12)
+    return max(dec, 1.0), max(pre, 1.0)
 
 
 def measure_plan(plan: Any, adapter: Any, prompts: list[list[int]], *, platform: Any,
@@ -223,13 +255,20 @@ def calibrate(cal: RemoeCalibration, all_remote: dict[str, Any], *, num_layers: 
 def calibrate_runtime(adapter: Any, prompts: list[list[int]], *, platform: Any, store: Any,
                       max_tokens: int, workers: int = 2, main_memory_mb: int = 2048,
                       remote_memory_mb: int = 1024, gpu_gb: float = 1.0,
-                      rounds: int = 1) -> RemoeCalibration:
+                      rounds: int = 1, held_shares: tuple[float, ...] = ()
+                      ) -> RemoeCalibration:
     """Both measurements on ``prompts`` (keep them apart from any run this calibration is
     compared with): :func:`record_passes` in process, then :func:`measure_plan` of a plan
     with every expert remote, one replica per layer (its main holding ``gpu_gb`` of GPU:
     0 for a CPU main), and :func:`calibrate`. ``rounds`` > 1 records the in-process steps
     that many times and keeps the fastest round's times (on a shared machine a slower
-    round is other processes' time slices: measured 1.5x on one of five runs here)."""
+    round is other processes' time slices: measured 1.5x on one of five runs here).
+    ``held_shares`` (each in (0, 1)) records the prompts ``rounds`` more times per share,
+    every step held to it, for :attr:`RemoeCalibration.held` against the kept round (each
+    factor the lowest of its rounds: one disturbed round measured 2.0x where the others
+    gave 1.1-1.3x). The in-process
+    engine runs on one torch thread (one vCPU, as the functions that take these times)."""
+    from moefleet.profiles.timing import torch_threads
     from moefleet.remoe.plans import manual_plan
 
     shape = adapter.summary()
@@ -237,10 +276,21 @@ def calibrate_runtime(adapter: Any, prompts: list[list[int]], *, platform: Any, 
     L, K = len(layers), int(shape.top_k)
     if rounds < 1:
         raise MoefleetError(f"rounds must be >= 1, got {rounds}", "e.g. rounds=3")
-    cal = min((calibrate_in_process(record_passes(adapter, prompts, max_tokens)[1], L, K)
-               for _ in range(rounds)),
-              key=lambda c: c.nonexpert_decode_s + K * c.expert_token_s)
-    cal = dataclasses.replace(cal, source={**cal.source, "rounds": rounds})
+    if any(not 0 < v < 1 for v in held_shares):
+        raise MoefleetError(f"held shares must be in (0, 1) vCPU, got {held_shares}",
+                            "e.g. (0.125, 0.25, 0.5)")
+    # One torch thread: one vCPU of the models that take these times (the local backend's
+    # functions at one vCPU or less run on one; a held main too).
+    with torch_threads(1):
+        recorded = [record_passes(adapter, prompts, max_tokens)[1] for _ in range(rounds)]
+        cal, base = min(((calibrate_in_process(st, L, K), st) for st in recorded),
+                        key=lambda cs: cs[0].nonexpert_decode_s + K * cs[0].expert_token_s)
+        held: list[tuple[float, float, float]] = []
+        for v in sorted(held_shares):  # per share, each factor's least disturbed round
+            got = [held_factors(base, record_passes(adapter, prompts, max_tokens,
+                                                    hold_vcpus=v)[1]) for _ in range(rounds)]
+            held.append((v, min(f[0] for f in got), min(f[1] for f in got)))
+    cal = dataclasses.replace(cal, held=tuple(held), source={**cal.source, "rounds": rounds})
     every = {layer: range(int(shape.num_experts[li])) for li, layer in enumerate(layers)}
     plan = manual_plan(shape, platform.name, every, main_memory_mb=main_memory_mb,
                        remote_memory_mb=remote_memory_mb, replicas=1, gpu_gb=gpu_gb,
@@ -287,7 +337,8 @@ def cpu_calibrated(p: Any, cal: RemoeCalibration) -> Any:
     prompt token, and a local expert's slot time at one vCPU become the measured ones;
     T(y) keeps its shape and the platform's vCPU rule, scaled to the measured slot. A
     remote call costs the platform's invoke round trip *plus* the measured local one, and
-    each slot the platform's wire time plus the measured per-slot (un)packing. The GPU
+    each slot the platform's wire time plus the measured per-slot (un)packing; the main's
+    CPU work below one vCPU costs the measured held factors (``main_held``). The GPU
     times stay the roofline's (nothing here measures a GPU)."""
     from moefleet.plan.remoe.problem import TimeLaw
 
@@ -301,4 +352,5 @@ def cpu_calibrated(p: Any, cal: RemoeCalibration) -> Any:
         prefill_factor=min(1.0, max(cal.prefill_factor, 1e-6)),
         invoke_overhead_s=p.invoke_overhead_s + cal.call_overhead_s,
         transfer_bytes_s=2.0 * p.token_bytes / wire if wire > 0 else p.transfer_bytes_s,
+        main_held=cal.held,
         notes=(*p.notes, "CPU times calibrated on this machine's engine"))

@@ -24,7 +24,9 @@ The two sides are made to describe the same machine and the same functions:
 - an ODS/BO plan's segment functions cannot decode (no KV cache between calls), so this
   process plays them (``EngineOptions(play_segments=True)``): held to their vCPU share,
   each step billed as their invocations, with the platform's startup on each;
-- a Remoe main is held to its vCPU share (``hold_main_share``).
+- a Remoe main is held to its vCPU share (``hold_main_share``), and the simulated main
+  pays the CPU factors measured on the engine held at a few shares (a step after a pause
+  costs more CPU than one back to back).
 
 Runnable for real: plans with functions (Remoe's layouts, the composed policy with a
 SALC-controlled brownout stack, ODS/BO plans). Monolithic and sMoE rows are simulated
@@ -52,6 +54,9 @@ from moefleet.workloads.base import Arrival
 
 REQUESTS = 6
 CAL_ROUNDS = 3  # in-process calibration rounds, the fastest kept (calibrate_runtime)
+# vCPU shares at which the calibration also times the engine held (the factors a Remoe
+# main below one vCPU pays, interpolated between them; RemoeProblem.held_factors)
+HELD_SHARES = (0.125, 0.25, 0.5)
 MAX_PROMPT = 48
 MAX_OUTPUT = 12
 REMOE = {"remoe-mmp": "remoe", "remoe-sweep": "remoe-sweep", "remoe-cpu": "cpu",
@@ -154,7 +159,10 @@ def calibrate_cpu(sc: Scenario, adapter: Any) -> Any:
     (three rounds, the fastest kept), then through a plan with every expert remote, on the
     local backend without any emulation. Its functions get one vCPU or more (one worker
     thread is one vCPU), so the times are the engine's own, not a share's; the simulator
-    scales them by the vCPUs a plan's memory gets."""
+    scales them by the vCPUs a plan's memory gets. The in-process engine is timed once
+    more at each of :data:`HELD_SHARES`, held as a measured Remoe main is (a step's CPU
+    after a pause costs more than back to back: the factors a main pays below one
+    vCPU)."""
     import tempfile
 
     from moefleet.calibration.remoe import calibrate_runtime
@@ -172,7 +180,7 @@ def calibrate_cpu(sc: Scenario, adapter: Any) -> Any:
                                  max_tokens=MAX_OUTPUT, main_memory_mb=at_least(
                                      max(2048.0, one_vcpu_mb)),
                                  remote_memory_mb=at_least(one_vcpu_mb), gpu_gb=0.0,
-                                 rounds=CAL_ROUNDS)
+                                 rounds=CAL_ROUNDS, held_shares=HELD_SHARES)
 
 
 def platform_emulation(sc: Scenario) -> dict[str, Any]:

@@ -127,6 +127,8 @@ class Scenario:
                 "cpu_timing": self.timing.source if self.cpu_cal is None else
                 "Remoe's CPU times: the engine's, measured on this machine (" +
                 ", ".join(f"{k} {getattr(self.cpu_cal, k) * 1e3:.3g} ms" for k in CAL_SHOWN)
+                + "".join(f", held to {v:g} vCPU x{d:.3g} decode x{p:.3g} prefill"
+                          for v, d, p in self.cpu_cal.held)
                 + f"); else {self.timing.source}", "traffic_detail": self.traffic.described,
                 "runtime_footprint_mb": self.runtime_mb,
                 "notes": self.notes}

@@ -173,21 +173,25 @@ def main_times(p: RemoeProblem, lay: Layout) -> MainTimes:
     main_gb = p.gb(lay.main_mb)
     on_gpu = lay.kind in ("gpu", "fetch")
     gpu_gb = 0.0 if lay.kind == "cpu" else p.gpu_memory_gb(_gpu_expert_bytes(p, lay.kind))
+    # The main's CPU work at its share of a vCPU costs more per step below one (measured
+    # factors; 1 without them): its non-experts on a CPU main, its local CPU experts.
+    held_dec, held_pre = p.held_factors(main_gb / p.law.gb_per_vcpu)
     if lay.kind == "cpu":
         speed = p.expert_s(main_gb) / p.law.one_vcpu_s
-        f_dec = p.nonexpert_cpu_token_s * speed
-        per_prompt = (p.nonexpert_cpu_prefill_token_s * speed
-                      if p.nonexpert_cpu_prefill_token_s >= 0 else f_dec * p.prefill_factor)
+        f_dec = p.nonexpert_cpu_token_s * speed * held_dec
+        per_prompt = held_pre * (p.nonexpert_cpu_prefill_token_s * speed
+                                 if p.nonexpert_cpu_prefill_token_s >= 0
+                                 else p.nonexpert_cpu_token_s * speed * p.prefill_factor)
         f_pre = p.n_in * per_prompt
         sw_pre = sw_dec = 0.0
     else:
         f_pre, f_dec = p.n_in * p.nonexpert_prefill_token_s, p.nonexpert_token_s
         sw_pre = 0.0 if on_gpu else 2 * p.swap_s(p.n_in)
         sw_dec = 0.0 if on_gpu else 2 * p.swap_s(p.top_k)
-    t_loc = p.gpu_expert_token_s if on_gpu else p.expert_s(main_gb)
+    t_loc = p.gpu_expert_token_s if on_gpu else p.expert_s(main_gb) * held_dec
     # A prompt batch runs faster per token than one decode token (compute- vs read-bound).
-    t_loc_pre = t_loc * (p.nonexpert_prefill_token_s / max(p.nonexpert_token_s, 1e-30)
-                         if on_gpu else p.prefill_factor)
+    t_loc_pre = (t_loc * p.nonexpert_prefill_token_s / max(p.nonexpert_token_s, 1e-30)
+                 if on_gpu else p.expert_s(main_gb) * held_pre * p.prefill_factor)
     # Monolithic layouts load every expert (Fetch caches them all in CPU memory).
     main_experts = float(np.sum(~x)) if lay.kind in ("remoe", "mix") else float(x.size)
     biggest = max((len(g) for gs in lay.groups for g in gs), default=0)

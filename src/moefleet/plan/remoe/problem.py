@@ -142,6 +142,12 @@ class RemoeProblem:
     # One layer's non-experts per prompt token on one vCPU; -1: the decode time x
     # prefill_factor (kept -1, resolved where used, so a replace of the decode time holds).
     nonexpert_cpu_prefill_token_s: float = -1.0
+    # The main's CPU work below one vCPU: measured (vCPU share, decode factor, prefill
+    # factor) points, shares ascending in (0, 1). A quota runs the main in slices, and a
+    # step that starts after a pause costs more CPU than one run back to back (caches
+    # cooled); the factor multiplies the main's CPU time at that share. () = no such cost
+    # (the paper's model). Measured by ``calibration.remoe.held_factors``.
+    main_held: tuple[tuple[float, float, float], ...] = ()
     gpu_slice_gb: float = 1.0  # GPU memory is billed in these steps
     payload_bytes: float = 6 * 2**20
     max_replicas: int = 8
@@ -216,6 +222,24 @@ class RemoeProblem:
             raise RemoeError(f"max_replicas must be in 1..1000, got {self.max_replicas}")
         if not 0 < self.epsilon <= 0.5:
             raise RemoeError(f"epsilon must be in (0, 0.5], got {self.epsilon}")
+        shares = [pt[0] for pt in self.main_held]
+        if (any(len(pt) != 3 or not all(math.isfinite(v) for v in pt) for pt in self.main_held)
+                or any(not 0 < v < 1 for v in shares) or shares != sorted(set(shares))
+                or any(min(pt[1:]) < 1 for pt in self.main_held)):
+            raise RemoeError(f"main_held must be (share, decode factor, prefill factor) "
+                             f"points, shares ascending in (0, 1), factors >= 1, got "
+                             f"{self.main_held!r}", "measure them with held_factors")
+
+    def held_factors(self, vcpus: float) -> tuple[float, float]:
+        """(decode, prefill) CPU factors of the main's work at ``vcpus``: 1 at a whole
+        vCPU or more, linear between the measured shares (and 1 at one vCPU), the lowest
+        measured share's factors below it (not extrapolated)."""
+        if not self.main_held or vcpus >= 1:
+            return 1.0, 1.0
+        pts = [*self.main_held, (1.0, 1.0, 1.0)]
+        xs = [pt[0] for pt in pts]
+        return (float(np.interp(vcpus, xs, [pt[1] for pt in pts])),
+                float(np.interp(vcpus, xs, [pt[2] for pt in pts])))
 
     # ---- shape --------------------------------------------------------------------
     @property
