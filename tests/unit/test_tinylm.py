@@ -296,12 +296,12 @@ def test_a_bf16_build_warns_on_a_cpu_whose_bf16_is_slow(
     import torch
 
     from moefleet.models import dtypes
-    from moefleet.models.tinylm import entry
+    from moefleet.models.tinylm import train as tinylm_train
 
     monkeypatch.setattr(dtypes, "fastest_cpu_dtype", lambda: (torch.float32, 0.05))
     with caplog.at_level("WARNING"):
-        msg = entry.warn_if_bf16_is_slow("bf16")
+        msg = tinylm_train.warn_if_bf16_is_slow("bf16")
     assert msg is not None and "20x slower" in msg and msg in caplog.text
-    assert entry.warn_if_bf16_is_slow("fp32") is None
+    assert tinylm_train.warn_if_bf16_is_slow("fp32") is None
     monkeypatch.setattr(dtypes, "fastest_cpu_dtype", lambda: (torch.bfloat16, 1.4))
-    assert entry.warn_if_bf16_is_slow("bf16") is None
+    assert tinylm_train.warn_if_bf16_is_slow("bf16") is None

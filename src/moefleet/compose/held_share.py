@@ -7,14 +7,12 @@ True)``), :class:`ShareHeldRunner` stretches each step's forward to ``cpu_s / vc
 wall time, what a CPU quota of that share allows (the local backend's
 :func:`~moefleet.runtime.local_limits.hold_to_share`, as for its functions), and reports
 the stretched time as the step's ``forward_s``, which the main's bill is made of.
-The forward runs on one torch thread, the rule the local backend gives its functions
-(threads = round(vCPUs), at least 1), and ``cpu_s`` is that thread's CPU time during
-the forward. It used to be the whole process's at the process's thread count (2 here),
-which counted what is not the main's work: torch's second thread spinning between the
-small ops of a decode step (and, after a step at two threads, into the next), and the
-local backend's own threads. Stretched as the main's work, that made the held main's
-P95 TPOT 2.6-4.1x the simulated one (tiny random Mixtral on this 2-core machine; median
-step 14.3 ms of CPU against 7.2 ms at one thread).
+The forward runs on one torch thread and ``cpu_s`` is that thread's CPU time during it
+(:meth:`~moefleet.compose.wrapped_runner.WrappedRunner.execute_on_one_thread`). It used
+to be the whole process's at the process's thread count, which counted torch's spinning
+second thread and the local backend's own threads as the main's work: stretched, that
+made the held main's P95 TPOT 2.6-4.1x the simulated one (tiny random Mixtral, this
+2-core machine).
 Scheduling and sampling around the forward are not stretched.
 """
 
@@ -25,7 +23,6 @@ import time
 from moefleet.compose.wrapped_runner import WrappedRunner
 from moefleet.engine.runner import ModelRunner, RunnerOutput
 from moefleet.engine.scheduler import SchedulerOutput
-from moefleet.profiles.timing import torch_threads
 from moefleet.runtime.local_limits import hold_to_share
 
 
@@ -40,10 +37,8 @@ class ShareHeldRunner(WrappedRunner):
         self.stretch_s = 0.0  # total wall time added
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        with torch_threads(1):
-            cpu0, t0 = time.thread_time(), time.perf_counter()
-            res = self.inner.execute(out)
-            cpu = time.thread_time() - cpu0
+        t0 = time.perf_counter()
+        res, cpu = self.execute_on_one_thread(out)
         extra = hold_to_share(cpu, time.perf_counter() - t0, self.vcpus)
         res.forward_s += extra
         self.stretch_s += extra

@@ -42,7 +42,6 @@ from moefleet.compose.wrapped_runner import WrappedRunner
 from moefleet.engine.runner import ModelRunner, RunnerOutput
 from moefleet.engine.scheduler import SchedulerOutput
 from moefleet.platform import InvocationRecord, PlatformSpec
-from moefleet.profiles.timing import torch_threads
 from moefleet.runtime.local_limits import hold_to_share
 from moefleet.runtime.local_startup import StartupEmulation
 
@@ -114,14 +113,8 @@ class SegmentPlayedRunner(WrappedRunner):
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         self.seam.take()
-        # One torch thread: the shares are at most one vCPU (the calibrated laws' speed),
-        # and the local backend runs such a function on one. At two threads the small ops
-        # of a decode step wait on each other: ODS/BO's measured P95 TPOT was 1.29-1.38x
-        # the simulated one, 1.15-1.23x on one (tiny random Mixtral, this 2-core machine).
-        with torch_threads(1):
-            cpu0 = time.thread_time()
-            res = self.inner.execute(out)
-            cpu = max(0.0, time.thread_time() - cpu0 - self.seam.take())
+        res, cpu = self.execute_on_one_thread(out)  # the shares are at most one vCPU
+        cpu = max(0.0, cpu - self.seam.take())
         # the non-expert work stretched to the share (its own wall time ~ its CPU time)
         extra = hold_to_share(cpu, cpu, self.vcpus)
         total = out.num_tokens

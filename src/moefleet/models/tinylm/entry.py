@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import logging
 import shutil
 import time
 from collections.abc import Iterator
@@ -38,32 +37,8 @@ if TYPE_CHECKING:
 # importing this module (which registers the entry) must stay cheap for `models list`.
 
 NAME = "tiny-moe-lm"
-_log = logging.getLogger(__name__)
-# bf16 matmuls this many times slower than float32 (a CPU without bf16 units) earn a warning
-SLOW_BF16 = 2.0
 # Conversion must reproduce our logits; a larger gap means the HF layout changed.
 HF_TOLERANCE = 1e-4
-
-
-def warn_if_bf16_is_slow(precision: str) -> str | None:
-    """The warning a bf16 (autocast) build gets on a CPU whose bf16 matmuls run
-    :data:`SLOW_BF16` times slower than float32 or more (measured once per machine,
-    :func:`~moefleet.models.dtypes.fastest_cpu_dtype`); it is logged and returned. On an
-    AVX2 CPU without bf16 units training ran at 32 s a step (600 steps: over 5 hours)
-    where the documented build takes 13-24 minutes."""
-    from moefleet.models.dtypes import fastest_cpu_dtype
-
-    if precision != "bf16":
-        return None
-    speedup = fastest_cpu_dtype()[1]
-    if speedup > 1.0 / SLOW_BF16:
-        return None
-    msg = (f"this CPU runs bf16 matmuls {1.0 / max(speedup, 1e-9):.0f}x slower than float32 "
-           "(no bf16 units; measured), and this recipe trains under bf16 autocast: expect "
-           "hours, not the documented 13-24 minutes (a CPU with AVX512-BF16 or AMX builds "
-           "it at that speed)")
-    _log.warning("%s", msg)
-    return msg
 
 
 @contextlib.contextmanager
@@ -174,7 +149,6 @@ def build(out: Path, raw_recipe: dict[str, Any], progress: ProgressFn | None) ->
                 f"give more text than one window of train.seq_len={spec.seq_len} tokens",
             )
         cfg = recipe.model.model_config(len(tokenizer))
-        warn_if_bf16_is_slow(spec.precision)
         result = train(
             cfg,
             spec,

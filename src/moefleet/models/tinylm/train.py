@@ -15,6 +15,7 @@ so an interrupted build loses at most that many steps.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -29,6 +30,10 @@ from moefleet.models.tinylm.losses import balance_loss, cross_entropy
 from moefleet.models.tinylm.model import ModelConfig, TinyMoELM
 from moefleet.models.tinylm.recipe import TrainSpec
 from moefleet.torch_io import load_torch_data
+
+_log = logging.getLogger(__name__)
+# bf16 matmuls this many times slower than float32 (a CPU without bf16 units) earn a warning
+SLOW_BF16 = 2.0
 
 # step_done(step, total, loss) is called after every optimizer step (and after the
 # checkpoint of that step, if any); raising from it interrupts training.
@@ -89,6 +94,27 @@ def make_optimizer(model: TinyMoELM, spec: TrainSpec) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=spec.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
 
 
+def warn_if_bf16_is_slow(precision: str) -> str | None:
+    """The warning a bf16 (autocast) training run gets on a CPU whose bf16 matmuls run
+    :data:`SLOW_BF16` times slower than float32 or more (measured once per machine,
+    :func:`~moefleet.models.dtypes.fastest_cpu_dtype`); it is logged and returned. On an
+    AVX2 CPU without bf16 units tiny-moe-lm trained at 32 s a step (600 steps: over 5
+    hours) where its documented build takes 13-24 minutes."""
+    from moefleet.models.dtypes import fastest_cpu_dtype
+
+    if precision != "bf16":
+        return None
+    speedup = fastest_cpu_dtype()[1]
+    if speedup > 1.0 / SLOW_BF16:
+        return None
+    msg = (f"this CPU runs bf16 matmuls {1.0 / max(speedup, 1e-9):.0f}x slower than float32 "
+           "(no bf16 units; measured), and this recipe trains under bf16 autocast: expect "
+           "hours, not the documented minutes (a CPU with AVX512-BF16 or AMX trains at "
+           "that speed)")
+    _log.warning("%s", msg)
+    return msg
+
+
 def train_step(
     model: TinyMoELM,
     opt: torch.optim.Optimizer,
@@ -147,6 +173,7 @@ def train(
     The caller owns ``checkpoint_dir`` (one per recipe); it must not be shared between
     different recipes, since a checkpoint is trusted to belong to this run.
     """
+    warn_if_bf16_is_slow(spec.precision)  # before any step: the build may take hours
     model = TinyMoELM(cfg)
     model.init_weights(torch.Generator().manual_seed(seed))
     if init_state is not None:

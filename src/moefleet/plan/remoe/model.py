@@ -176,8 +176,9 @@ def main_times(p: RemoeProblem, lay: Layout) -> MainTimes:
     # The main's CPU work at its share of a vCPU costs more per step below one (measured
     # factors; 1 without them): its non-experts on a CPU main, its local CPU experts.
     held_dec, held_pre = p.held_factors(main_gb / p.law.gb_per_vcpu)
+    cpu_slot = p.expert_s(main_gb)  # a local expert's slot on the main's CPU share
     if lay.kind == "cpu":
-        speed = p.expert_s(main_gb) / p.law.one_vcpu_s
+        speed = cpu_slot / p.law.one_vcpu_s
         f_dec = p.nonexpert_cpu_token_s * speed * held_dec
         per_prompt = held_pre * (p.nonexpert_cpu_prefill_token_s * speed
                                  if p.nonexpert_cpu_prefill_token_s >= 0
@@ -188,10 +189,10 @@ def main_times(p: RemoeProblem, lay: Layout) -> MainTimes:
         f_pre, f_dec = p.n_in * p.nonexpert_prefill_token_s, p.nonexpert_token_s
         sw_pre = 0.0 if on_gpu else 2 * p.swap_s(p.n_in)
         sw_dec = 0.0 if on_gpu else 2 * p.swap_s(p.top_k)
-    t_loc = p.gpu_expert_token_s if on_gpu else p.expert_s(main_gb) * held_dec
+    t_loc = p.gpu_expert_token_s if on_gpu else cpu_slot * held_dec
     # A prompt batch runs faster per token than one decode token (compute- vs read-bound).
     t_loc_pre = (t_loc * p.nonexpert_prefill_token_s / max(p.nonexpert_token_s, 1e-30)
-                 if on_gpu else p.expert_s(main_gb) * held_pre * p.prefill_factor)
+                 if on_gpu else cpu_slot * held_pre * p.prefill_factor)
     # Monolithic layouts load every expert (Fetch caches them all in CPU memory).
     main_experts = float(np.sum(~x)) if lay.kind in ("remoe", "mix") else float(x.size)
     biggest = max((len(g) for gs in lay.groups for g in gs), default=0)
