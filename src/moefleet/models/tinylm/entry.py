@@ -227,6 +227,7 @@ def _report(
             "tokens_per_s": round(result.tokens_per_s, 1),
             "threads": spec.threads,
             "precision": spec.precision,
+            "bf16": result.bf16,  # "native" autocast, "emulated" in float32, or None
             "curve": [[s, round(ce, 4), round(aux, 4)] for s, ce, aux in result.curve],
         },
         "heldout_eval": metrics,

@@ -152,7 +152,7 @@ def upcycle(
         "train": {
             "steps": result.steps, "resumed_from_step": result.resumed_from,
             "wall_s": round(result.wall_s, 2), "cpu_s": round(result.cpu_s, 2),
-            "threads": spec.threads,
+            "threads": spec.threads, "bf16": result.bf16,
             "curve": [[s, round(ce, 4), round(aux, 4)] for s, ce, aux in result.curve],
         },
         "hf_max_abs_logit_diff": diff,

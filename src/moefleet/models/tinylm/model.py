@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from moefleet.models.tinylm.bf16 import lower_precision_matmuls
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -89,8 +91,8 @@ def _explicit_causal_attention(
 ) -> torch.Tensor:
     """softmax(q k^T / sqrt(C) + causal mask) v with the two products as plain matmuls.
 
-    Used under bf16 autocast: the products then run as bf16 (AMX) matmuls and the
-    softmax in fp32, whereas the CPU flash kernel's bf16 backward is several times
+    Used under bf16 autocast (native or emulated): the products then run as bf16 (AMX)
+    matmuls and the softmax in fp32, whereas the CPU flash kernel's bf16 backward is several times
     slower at these sizes (measured at T=128, C=64).
     """
     t, c = q_BHTC.shape[-2], q_BHTC.shape[-1]
@@ -128,7 +130,7 @@ class Attention(nn.Module):
         v_BGTC = v_BTGC.reshape(b, t, cfg.kv_heads, c).transpose(1, 2)
         q_BHTC = apply_rope(q_BHTC, cos_TC, sin_TC)
         k_BGTC = apply_rope(k_BGTC, cos_TC, sin_TC)
-        if torch.is_autocast_enabled("cpu"):
+        if lower_precision_matmuls():
             out_BHTC = _explicit_causal_attention(q_BHTC, k_BGTC, v_BGTC, cfg.heads // cfg.kv_heads)
         else:
             out_BHTC = F.scaled_dot_product_attention(

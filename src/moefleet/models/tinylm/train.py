@@ -26,14 +26,13 @@ from typing import Any
 import torch
 
 from moefleet.io import atomic_path
+from moefleet.models.tinylm.bf16 import bf16_autocast, bf16_is_slow
 from moefleet.models.tinylm.losses import balance_loss, cross_entropy
 from moefleet.models.tinylm.model import ModelConfig, TinyMoELM
 from moefleet.models.tinylm.recipe import TrainSpec
 from moefleet.torch_io import load_torch_data
 
 _log = logging.getLogger(__name__)
-# bf16 matmuls this many times slower than float32 (a CPU without bf16 units) earn a warning
-SLOW_BF16 = 2.0
 
 # step_done(step, total, loss) is called after every optimizer step (and after the
 # checkpoint of that step, if any); raising from it interrupts training.
@@ -94,25 +93,19 @@ def make_optimizer(model: TinyMoELM, spec: TrainSpec) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=spec.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
 
 
-def warn_if_bf16_is_slow(precision: str) -> str | None:
-    """The warning a bf16 (autocast) training run gets on a CPU whose bf16 matmuls run
-    :data:`SLOW_BF16` times slower than float32 or more (measured once per machine,
-    :func:`~moefleet.models.dtypes.fastest_cpu_dtype`); it is logged and returned. On an
-    AVX2 CPU without bf16 units tiny-moe-lm trained at 32 s a step (600 steps: over 5
-    hours) where its documented build takes 13-24 minutes."""
-    from moefleet.models.dtypes import fastest_cpu_dtype
-
+def bf16_mode(precision: str) -> str | None:
+    """How a ``precision`` recipe runs its bf16 products here: ``"native"`` autocast,
+    ``"emulated"`` in float32 between bf16 roundings on a CPU whose bf16 matmuls are
+    :data:`~moefleet.models.tinylm.bf16.SLOW_BF16` times slower than float32 or more
+    (measured; on an AVX2 CPU without bf16 units native autocast trained at 32 s a step,
+    600 steps over 5 hours), or None for an fp32 recipe. An emulated build is logged."""
     if precision != "bf16":
         return None
-    speedup = fastest_cpu_dtype()[1]
-    if speedup > 1.0 / SLOW_BF16:
-        return None
-    msg = (f"this CPU runs bf16 matmuls {1.0 / max(speedup, 1e-9):.0f}x slower than float32 "
-           "(no bf16 units; measured), and this recipe trains under bf16 autocast: expect "
-           "hours, not the documented minutes (a CPU with AVX512-BF16 or AMX trains at "
-           "that speed)")
-    _log.warning("%s", msg)
-    return msg
+    if not bf16_is_slow():
+        return "native"
+    _log.info("bf16 autocast emulated in float32 (this CPU has no fast bf16 matmuls; "
+              "same rounding points, float32 accumulation order differs)")
+    return "emulated"
 
 
 def train_step(
@@ -121,11 +114,13 @@ def train_step(
     ids_BT1: torch.Tensor,
     spec: TrainSpec,
     lr: float,
+    emulate_bf16: bool = False,
 ) -> tuple[float, float]:
-    """One optimizer step on a batch of windows; returns (next-token loss, balance loss)."""
+    """One optimizer step on a batch of windows; returns (next-token loss, balance loss).
+    ``emulate_bf16``: a bf16 recipe's autocast runs emulated (:mod:`.bf16`)."""
     for group in opt.param_groups:
         group["lr"] = lr
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.precision == "bf16"):
+    with bf16_autocast(spec.precision == "bf16", emulate_bf16):
         logits_BTV, stats = model(ids_BT1[:, :-1])
     ce = cross_entropy(logits_BTV.reshape(-1, logits_BTV.shape[-1]), ids_BT1[:, 1:].reshape(-1))
     aux = balance_loss([s.aux_loss for s in stats])
@@ -147,6 +142,8 @@ class TrainResult:
     tokens_per_s: float
     # (step, next-token loss, balance loss), one row every ``log_every`` steps.
     curve: list[tuple[int, float, float]] = field(default_factory=list)
+    # How bf16 products ran (:func:`bf16_mode`): "native", "emulated", or None (fp32).
+    bf16: str | None = None
 
 
 def _save_checkpoint(path: Path, step: int, model: TinyMoELM, opt: Any, curve: list) -> None:
@@ -173,7 +170,7 @@ def train(
     The caller owns ``checkpoint_dir`` (one per recipe); it must not be shared between
     different recipes, since a checkpoint is trusted to belong to this run.
     """
-    warn_if_bf16_is_slow(spec.precision)  # before any step: the build may take hours
+    bf16 = bf16_mode(spec.precision)
     model = TinyMoELM(cfg)
     model.init_weights(torch.Generator().manual_seed(seed))
     if init_state is not None:
@@ -190,7 +187,8 @@ def train(
     model.train()
     t0, c0 = time.perf_counter(), time.process_time()
     for step in range(start, spec.steps):
-        ce, aux = train_step(model, opt, sampler.batch_at(step), spec, lr_at(step, spec))
+        ce, aux = train_step(model, opt, sampler.batch_at(step), spec, lr_at(step, spec),
+                             emulate_bf16=bf16 == "emulated")
         if not math.isfinite(ce):
             raise FloatingPointError(f"training diverged at step {step + 1} (loss {ce})")
         if (step + 1) % log_every == 0 or step + 1 == spec.steps:
@@ -209,4 +207,5 @@ def train(
         cpu_s=time.process_time() - c0,
         tokens_per_s=tokens / wall if wall > 0 else 0.0,
         curve=curve,
+        bf16=bf16,
     )
