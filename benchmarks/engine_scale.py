@@ -285,6 +285,11 @@ def main(argv: list[str] | None = None) -> int:
                            "complete": False}
     if dev.type == "cuda":
         res["card"] = torch.cuda.get_device_name(dev)
+    else:  # results differ by CPU class: AVX2 runs bf16 through float32 blocks
+        from moefleet.models.dtypes import fastest_cpu_dtype
+
+        res["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        res["cpu_bf16_speedup_over_fp32"] = round(fastest_cpu_dtype()[1], 3)
     if a.load_model:
         res["load"] = load_check(a.load_model, a.dtype)
         if "ratio" in res["load"]:
