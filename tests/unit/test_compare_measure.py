@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import pytest
 
 from moefleet.compare.measure import HELD_SHARES, _plan_for, mini_scenario, run_real
@@ -63,6 +64,10 @@ def test_remoe_measured_one_request_per_main_ods_as_a_batch() -> None:
     assert ods["requests_at_once"] == len(sc.traffic.arrivals)
     # alone, the slowest first token is one request's prefill, not the whole queue's
     assert remoe["ttft_p95_s"] < remoe["wall_s"] / 2
+    for run in (remoe, ods):  # the per-request figures behind each P95
+        assert len(run["ttft_s"]) == len(sc.traffic.arrivals) >= len(run["tpot_s"]) > 0
+        assert run["tpot_p95_s"] == pytest.approx(np.percentile(run["tpot_s"], 95), abs=1e-5)
+        assert run["tpot_p50_s"] == pytest.approx(np.percentile(run["tpot_s"], 50), abs=1e-5)
 
 
 def test_the_measured_side_emulates_the_platforms_startup_and_store() -> None:
@@ -88,6 +93,7 @@ def test_a_remoe_row_is_held_to_its_warm_main_figures() -> None:
     warm = (remoe.cost_usd - remoe.bill["main INIT"]) / remoe.output_tokens * 1e6  # type: ignore[operator]
     assert ref["cost_per_1m_usd"] == pytest.approx(warm)
     assert ref["ttft_p95_s"] == remoe.ttft_warm_p95_s < remoe.ttft_p95_s  # type: ignore[operator]
+    assert ref["tpot_p50_s"] == remoe.tpot_p50_s is not None  # a decode step is warm either way
     ods = simulated_row(mini, "ods-predicted")
     assert reference(ods)["cost_per_1m_usd"] == ods.cost_per_1m
 

@@ -64,19 +64,20 @@ def measured_table(data: dict[str, Any]) -> Any:
     cols = [Col("policy", numeric=False), Col("run"), Col("meas. $/1M"), Col("sim. $/1M"),
             Col("cost ratio"), Col("meas. TTFT p95 s"), Col("sim. TTFT p95 s"),
             Col("TTFT ratio"), Col("meas. TPOT p95 s"), Col("sim. TPOT p95 s"),
-            Col("TPOT ratio")]
+            Col("TPOT ratio"), Col("TPOT p50 ratio")]
     rows = []
     for m in data["measured"]:
         sim = m.get("simulated", {})
         for i, r in enumerate(m["runs"]):
             if "error" in r:
-                rows.append([m["policy"], str(i + 1), "error", *["-"] * 8])
+                rows.append([m["policy"], str(i + 1), "error", *["-"] * 9])
                 continue
             rows.append([m["policy"], str(i + 1), sig3(r["cost_per_1m_usd"]),
                          sig3(sim["cost_per_1m_usd"]), sig3(r["cost_ratio"]),
                          sig3(r["ttft_p95_s"]), sig3(sim["ttft_p95_s"]),
                          sig3(r["ttft_p95_ratio"]), sig3(r["tpot_p95_s"]),
-                         sig3(sim["tpot_p95_s"]), sig3(r["tpot_p95_ratio"])])
+                         sig3(sim["tpot_p95_s"]), sig3(r["tpot_p95_ratio"]),
+                         sig3(r.get("tpot_p50_ratio"))])
     return fit_table("measured (local backend) vs simulated, same requests", cols, rows)
 
 
