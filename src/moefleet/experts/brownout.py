@@ -36,6 +36,7 @@ from moefleet.brownout.groups import (
     check_threshold,
     plan_layer_device,
 )
+from moefleet.experts import cpu_gemv
 from moefleet.experts.kernels import fused_experts
 from moefleet.experts.stack import ExpertStack, as_stack
 from moefleet.models.base import ExpertFn, combine_experts, count_experts
@@ -182,8 +183,10 @@ class BrownoutExperts(ExpertStack):
         if self.inner.skips_marked_pairs:
             # mark the pairs that go elsewhere (id E): the kernel skips them, so no
             # row selection and no host read
-            y_ND = self._call_inner(layer, x_ND, torch.where(orig_NK, ids_NK, num_experts),
-                                    torch.where(orig_NK, w_NK, 0), None)
+            with cpu_gemv.marked_pairs():
+                y_ND = self._call_inner(layer, x_ND,
+                                        torch.where(orig_NK, ids_NK, num_experts),
+                                        torch.where(orig_NK, w_NK, 0), None)
         else:
             y_ND = self._selected(layer, x_ND, ids_NK, w_NK, orig_NK)
         if self.united is not None:

@@ -25,6 +25,7 @@ from typing import Literal
 import torch
 
 from moefleet.errors import MoefleetError
+from moefleet.experts import cpu_gemv
 from moefleet.models import cpu_bf16
 from moefleet.models.base import ExpertFn, MoEModelAdapter, count_experts
 
@@ -41,7 +42,8 @@ def in_process_experts(adapter: MoEModelAdapter, kernel: Kernel = "auto") -> Exp
     grouped GEMM per projection, no padding, no host read: faster than the loop on CPUs
     too, benchmarks/engine_scale.py), else the loop.
     """
-    stacked_ok = adapter.stacked_expert_weights(adapter.moe_layers[0]) is not None
+    first = adapter.stacked_expert_weights(adapter.moe_layers[0])
+    stacked_ok = first is not None
     if kernel == "auto":
         kernel = "fused" if stacked_ok else "loop"
     if kernel == "loop":
@@ -53,6 +55,9 @@ def in_process_experts(adapter: MoEModelAdapter, kernel: Kernel = "auto") -> Exp
             f"{adapter.family} keeps no stacked expert weights, so the {kernel} kernel "
             "cannot run it", "use kernel='loop'")
     if kernel == "fused":
+        assert first is not None
+        cpu_gemv.prepare(first[0])  # a bf16 CPU model: measure and compile it now
+
         def fused(layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
                   w_NK: torch.Tensor) -> torch.Tensor:
             stacked = adapter.stacked_expert_weights(layer)
@@ -170,16 +175,19 @@ def _dense(x_ND: torch.Tensor, ids_NK: torch.Tensor, w_NK: torch.Tensor,
 
 def _projections(xs_PD: torch.Tensor, tokens: int, E: int, ends_E: torch.Tensor
                  ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """How the two projections run: the grouped GEMM, or segment by segment when the
-    rows are bf16 on a CPU without bf16 units and the step is long enough (above); that
-    reads the segment ends (E ints) on the host once per layer, which on a CPU waits for
-    nothing."""
+    """How the two projections run: the grouped GEMM; segment by segment when the rows
+    are bf16 on a CPU without bf16 units and the step is long enough (above), which reads
+    the segment ends (E ints) on the host once per layer (on a CPU that waits for
+    nothing); or, bf16 on a CPU with bf16 units at most one pair per expert, one
+    matrix-vector product per pair (:mod:`.cpu_gemv`, no host read)."""
     P = xs_PD.shape[0]
     if tokens >= CPU_SEGMENT_TOKENS and P >= CPU_SEGMENT_PAIRS * E \
             and cpu_bf16.applies(xs_PD, P):
         ends = ends_E.tolist()
         return lambda a_PI, w_EOI: _segments(a_PI, w_EOI, ends)
-    return lambda a_PI, w_EOI: _grouped(a_PI, w_EOI, ends_E)
+    return lambda a_PI, w_EOI: (cpu_gemv.pairs(a_PI, w_EOI, ends_E)
+                                if cpu_gemv.applies(a_PI, w_EOI)
+                                else _grouped(a_PI, w_EOI, ends_E))
 
 
 def _grouped(a_PI: torch.Tensor, w_EOI: torch.Tensor, ends_E: torch.Tensor) -> torch.Tensor:
