@@ -58,9 +58,8 @@ def _compiled() -> Callable[..., torch.Tensor]:
 def pays() -> bool:
     """Whether :func:`pairs` beats the plain bf16 product on this CPU (by 1.2x or more, one
     row on each of two experts, over 8 weights of 2048 x 2048 in turn: memory-bound, as
-    experts are), measured
-    once per machine and torch build, cached in ``<cache>/cpu_gemv.json``;
-    ``MOEFLEET_CPU_GEMV`` overrides it."""
+    experts are), measured once per machine and torch build, cached in
+    ``<cache>/cpu_gemv.json``; ``MOEFLEET_CPU_GEMV`` overrides it."""
     global _pays
     if _forced():
         return _forced() == "1"
@@ -94,14 +93,15 @@ def applies(a_PI: torch.Tensor, w_EOI: torch.Tensor) -> bool:
     (beyond that, rows sharing an expert make the grouped GEMM cheaper); outside
     :func:`marked_pairs`; an expert weight of at least :data:`MIN_WEIGHT_BYTES` unless
     forced; and :func:`pays`."""
-    pairs_ = a_PI.shape[0]
     return (a_PI.dtype == torch.bfloat16 and a_PI.device.type == "cpu"
-            and 1 < pairs_ <= w_EOI.shape[0] and not getattr(_local, "marked", 0)
-            and (_large(w_EOI) or _forced() == "1") and pays())
+            and 1 < a_PI.shape[0] <= w_EOI.shape[0] and not getattr(_local, "marked", 0)
+            and _eligible(w_EOI))
 
 
-def _large(w_EOI: torch.Tensor) -> bool:
-    return w_EOI[0].numel() * w_EOI.element_size() >= MIN_WEIGHT_BYTES
+def _eligible(w_EOI: torch.Tensor) -> bool:
+    """Experts large enough (or forced) on a machine where the kernel pays."""
+    large = w_EOI[0].numel() * w_EOI.element_size() >= MIN_WEIGHT_BYTES
+    return (large or _forced() == "1") and pays()
 
 
 def _forced() -> str:
@@ -114,8 +114,7 @@ def prepare(w_EOI: torch.Tensor) -> None:
     (bf16 on the CPU), measure :func:`pays` and compile it now (about 2 s with inductor's
     disk cache warm, 10 s cold, on a 2-core machine), so that neither lands inside a
     request's first decode step."""
-    if w_EOI.dtype != torch.bfloat16 or w_EOI.device.type != "cpu" \
-            or not (_large(w_EOI) or _forced() == "1") or not pays():
+    if w_EOI.dtype != torch.bfloat16 or w_EOI.device.type != "cpu" or not _eligible(w_EOI):
         return
     pairs(torch.zeros(2, 32, dtype=w_EOI.dtype), torch.zeros(2, 16, 32, dtype=w_EOI.dtype),
           torch.tensor([2, 2]))
@@ -149,9 +148,8 @@ def _measure(reps: int = 5) -> dict[str, Any]:
 
     try:
         for j in range(4):  # compile, and check the result once
-            got = pairs(x, w, ends[j])
-            want = torch.cat([F.linear(x[:1], w[2 * j]), F.linear(x[1:], w[2 * j + 1])])
-            torch.testing.assert_close(got, want, rtol=2 ** -6, atol=0.5)
+            torch.testing.assert_close(pairs(x, w, ends[j]), torch.cat(plain_call(j)),
+                                       rtol=2 ** -6, atol=0.5)
     except Exception as err:  # inductor needs a C++ compiler; any failure: plain path
         _log.info("the per-pair bf16 kernel is off: %s", err)
         return {"pays": False, "error": f"{type(err).__name__}: {err}"[:300]}

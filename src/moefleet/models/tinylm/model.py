@@ -92,8 +92,8 @@ def _explicit_causal_attention(
     """softmax(q k^T / sqrt(C) + causal mask) v with the two products as plain matmuls.
 
     Used under bf16 autocast (native or emulated): the products then run as bf16 (AMX)
-    matmuls and the softmax in fp32, whereas the CPU flash kernel's bf16 backward is several times
-    slower at these sizes (measured at T=128, C=64).
+    matmuls and the softmax in fp32, whereas the CPU flash kernel's bf16 backward is
+    several times slower at these sizes (measured at T=128, C=64).
     """
     t, c = q_BHTC.shape[-2], q_BHTC.shape[-1]
     k_BHTC = k_BGTC.repeat_interleave(groups, dim=1)
