@@ -64,13 +64,13 @@ def test_the_rule(monkeypatch: pytest.MonkeyPatch, forced: None) -> None:
         assert not cpu_gemv.applies(x, w(64))
     assert cpu_gemv.applies(x, w(64))
     monkeypatch.setenv("MOEFLEET_CPU_GEMV", "")  # measured: only for experts of >= 1 MiB
-    monkeypatch.setattr(cpu_gemv, "_pays", True)
+    monkeypatch.setattr(cpu_gemv._PAYS, "memo", True)
     assert not cpu_gemv.applies(x, w(64))
     assert cpu_gemv.applies(x, w(64, out=cpu_gemv.MIN_WEIGHT_BYTES // 8))
-    monkeypatch.setattr(cpu_gemv, "_pays", False)
+    monkeypatch.setattr(cpu_gemv._PAYS, "memo", False)
     assert not cpu_gemv.applies(x, w(64, out=cpu_gemv.MIN_WEIGHT_BYTES // 8))
     monkeypatch.setenv("MOEFLEET_CPU_GEMV", "0")
-    monkeypatch.setattr(cpu_gemv, "_pays", True)
+    monkeypatch.setattr(cpu_gemv._PAYS, "memo", True)
     assert not cpu_gemv.applies(x, w(64, out=cpu_gemv.MIN_WEIGHT_BYTES // 8))
 
 

@@ -29,19 +29,20 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from moefleet.models.dtypes import MeasuredSwitch
+
 _log = logging.getLogger(__name__)
 # Smaller expert weights stay in cache, where the plain product is not memory-bound: the
 # measured gain is for weights like real experts' (a 2048 x 2048 bf16 weight is 8 MiB);
 # below this the grouped GEMM stays (and no engine compiles the kernel for a tiny model).
 MIN_WEIGHT_BYTES = 1 << 20
-_pays: bool | None = None
+_PAYS = MeasuredSwitch("MOEFLEET_CPU_GEMV", "cpu_gemv.json", lambda: _measure())
 _local = threading.local()  # servers step in worker threads
 
 
@@ -60,15 +61,7 @@ def pays() -> bool:
     row on each of two experts, over 8 weights of 2048 x 2048 in turn: memory-bound, as
     experts are), measured once per machine and torch build, cached in
     ``<cache>/cpu_gemv.json``; ``MOEFLEET_CPU_GEMV`` overrides it."""
-    global _pays
-    if _forced():
-        return _forced() == "1"
-    if _pays is None:
-        from moefleet.models.dtypes import cached_cpu_measure
-
-        got = cached_cpu_measure("cpu_gemv.json", _measure)
-        _pays = bool(got["pays"])
-    return _pays
+    return _PAYS()
 
 
 @contextlib.contextmanager
@@ -101,12 +94,7 @@ def applies(a_PI: torch.Tensor, w_EOI: torch.Tensor) -> bool:
 def _eligible(w_EOI: torch.Tensor) -> bool:
     """Experts large enough (or forced) on a machine where the kernel pays."""
     large = w_EOI[0].numel() * w_EOI.element_size() >= MIN_WEIGHT_BYTES
-    return (large or _forced() == "1") and pays()
-
-
-def _forced() -> str:
-    forced = os.environ.get("MOEFLEET_CPU_GEMV", "")
-    return forced if forced in ("0", "1") else ""
+    return (large or _PAYS.forced() is True) and pays()
 
 
 def prepare(w_EOI: torch.Tensor) -> None:

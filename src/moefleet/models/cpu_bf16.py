@@ -21,7 +21,6 @@ only where :func:`upcast_pays` measured it faster on this machine (cached like t
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Iterator
 
@@ -29,26 +28,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from moefleet.models.dtypes import MeasuredSwitch
+
 MIN_ROWS = 3  # 1 row: bf16 0.80 ms vs 1.11; 2 rows: 1.60 vs 1.54 (same machine, 2048^2)
 _BLOCK_BYTES = 2 << 20  # float32 scratch per block: fits a core's L2 on common CPUs
 _local = threading.local()  # one scratch per thread (servers step in worker threads)
-_pays: bool | None = None
+_PAYS = MeasuredSwitch("MOEFLEET_CPU_BF16_UPCAST", "cpu_bf16_upcast.json",
+                       lambda: _measure())
 
 
 def upcast_pays() -> bool:
     """Whether the blocked conversion beats the plain bf16 matmul on this CPU (at 8 rows
     of a 2048 x 2048 weight), measured once per machine and torch build, cached in
     ``<cache>/cpu_bf16_upcast.json``; ``MOEFLEET_CPU_BF16_UPCAST`` overrides it."""
-    global _pays
-    forced = os.environ.get("MOEFLEET_CPU_BF16_UPCAST", "")
-    if forced in ("0", "1"):
-        return forced == "1"
-    if _pays is None:
-        from moefleet.models.dtypes import cached_cpu_measure
-
-        got = cached_cpu_measure("cpu_bf16_upcast.json", _measure)
-        _pays = bool(got["pays"])
-    return _pays
+    return _PAYS()
 
 
 def applies(x: torch.Tensor, rows: int) -> bool:

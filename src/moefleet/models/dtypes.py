@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -138,6 +139,30 @@ def cached_cpu_measure(filename: str, measure: Callable[[], dict[str, Any]]
     except OSError as err:  # a read-only cache only costs a re-measurement next time
         _log.warning("could not cache a CPU measurement in %s: %s", path, err)
     return got
+
+
+class MeasuredSwitch:
+    """A CPU path that runs only where it measured faster: ``measure()`` (a dict with a
+    bool ``"pays"``) runs once per machine (:func:`cached_cpu_measure`, in ``filename``)
+    and is remembered for the process; environment variable ``env`` set to ``0`` or
+    ``1`` overrides it either way."""
+
+    def __init__(self, env: str, filename: str, measure: Callable[[], dict[str, Any]]) -> None:
+        self.env, self.filename, self.measure = env, filename, measure
+        self.memo: bool | None = None
+
+    def forced(self) -> bool | None:
+        """The override, or None when ``env`` is unset (or neither 0 nor 1)."""
+        value = os.environ.get(self.env, "")
+        return value == "1" if value in ("0", "1") else None
+
+    def __call__(self) -> bool:
+        forced = self.forced()
+        if forced is not None:
+            return forced
+        if self.memo is None:
+            self.memo = bool(cached_cpu_measure(self.filename, self.measure)["pays"])
+        return self.memo
 
 
 def median_seconds(fn: Callable[[], object], reps: int) -> float:
