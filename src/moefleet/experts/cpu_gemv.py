@@ -99,8 +99,8 @@ def _eligible(w_EOI: torch.Tensor) -> bool:
 
 def prepare(w_EOI: torch.Tensor) -> None:
     """For an engine about to run experts stacked as ``w_EOI``: where the kernel may run
-    (bf16 on the CPU), measure :func:`pays` and compile it now (about 2 s with inductor's
-    disk cache warm, 10 s cold, on a 2-core machine), so that neither lands inside a
+    (bf16 on the CPU), measure :func:`pays` and compile it now (3.7-4.6 s per process on
+    a 2-core machine with inductor's disk cache warm), so that neither lands inside a
     request's first decode step."""
     if w_EOI.dtype != torch.bfloat16 or w_EOI.device.type != "cpu" or not _eligible(w_EOI):
         return
