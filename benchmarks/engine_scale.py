@@ -134,7 +134,9 @@ def run_engine(adapter: Any, ids: list[list[int]], lens: list[int], a: argparse.
         pairs = max(1, s.original_pairs + s.united_pairs + s.dropped_pairs)
         info["brownout"] = {"share_pairs_original": s.original_pairs / pairs,
                             "expert_accesses_per_call": (s.original_accesses
-                                                         + s.united_accesses) / max(1, s.calls)}
+                                                         + s.united_accesses) / max(1, s.calls),
+                            # calls left to the original experts: uniting saves nothing there
+                            "share_calls_not_united": s.calls_not_united / max(1, s.calls)}
     tokens_out = [merged[r].new_token_ids for r in rids]
     failed = [merged[r].error for r in rids if merged[r].error]
     if failed:  # its tokens/s would count tokens never made: kept out of every ratio

@@ -6,7 +6,8 @@ pairs come out 0, empty segments are fine; the fused kernel takes it only for bf
 CPU at most one pair per expert and where it pays; a decode step through it reads the host
 at most twice, with brownout on and off, and brownout's calls (marked pairs) keep the
 grouped GEMM; a machine that cannot compile measures "does not
-pay"; the switch is honoured both ways.
+pay"; the switch is honoured both ways; partial brownout leaves steps where uniting saves
+nothing to the original experts.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ def test_the_rule(monkeypatch: pytest.MonkeyPatch, forced: None) -> None:
     with cpu_gemv.marked_pairs():  # brownout's calls: the grouped GEMM skips marked pairs
         assert not cpu_gemv.applies(x, w(64))
     assert cpu_gemv.applies(x, w(64))
+    # uniting saves reads per expert: not where pairs run one each, at most E / 2 of them
+    assert not cpu_gemv.uniting_pays(x, 32, w(64)) and not cpu_gemv.uniting_pays(x, 2, w(64))
+    assert cpu_gemv.uniting_pays(x, 33, w(64)) and cpu_gemv.uniting_pays(x, 1, w(64))
+    assert cpu_gemv.uniting_pays(x.float(), 8, w(64).float())
     monkeypatch.setenv("MOEFLEET_CPU_GEMV", "")  # measured: only for experts of >= 1 MiB
     monkeypatch.setattr(cpu_gemv._PAYS, "memo", True)
     assert not cpu_gemv.applies(x, w(64))
@@ -121,19 +126,62 @@ def test_fused_takes_it_for_small_bf16_steps_and_reads_nothing(
     assert taken == []  # more pairs than experts: the grouped GEMM
 
 
-@pytest.mark.parametrize("ways", [None, 4])
+@pytest.mark.parametrize(("ways", "mode"), [(None, "full"), (4, "full"), (4, "partial")])
 def test_decode_steps_through_it_read_the_host_at_most_twice(
-        olmoe: HFMoEAdapter, forced: None, ways: int | None,
+        olmoe: HFMoEAdapter, forced: None, ways: int | None, mode: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
     taken: list[int] = []
     real = cpu_gemv.pairs
     monkeypatch.setattr(cpu_gemv, "pairs", lambda *a: taken.append(1) or real(*a))
-    opened = brownout_engine(olmoe, ways=ways, threshold=0.4, mode="full", kernel="fused")
+    from moefleet.brownout.united import averaged_united
+    from moefleet.experts.brownout import BrownoutExperts
+
+    if mode == "partial":  # united experts as group averages: distilling needs a tokenizer
+        opened = brownout_engine(olmoe, ways=None, kernel="fused", wrap=lambda base: (
+            BrownoutExperts(base, averaged_united(olmoe, 4), 0.4, "partial")))
+    else:
+        opened = brownout_engine(olmoe, ways=ways, threshold=0.4, mode=mode, kernel="fused")
     taken.clear()  # building it compiled the kernel (test below)
     reads = [c.count for c in decode_step_reads(opened.engine, requests=2, max_tokens=5)]
     assert reads and max(reads) <= 2, reads
-    # without brownout the decode steps go through it; brownout marks pairs: grouped
-    assert bool(taken) is (ways is None)
+    # without brownout the decode steps go through it; full brownout marks pairs:
+    # grouped; partial brownout leaves these small steps (4 pairs, 8 experts) alone
+    assert bool(taken) is (mode == "partial" or ways is None)
+    if ways is not None:
+        assert opened.brownout is not None
+        assert (opened.brownout.stats.calls_not_united > 0) is (mode == "partial")
+
+
+def test_partial_brownout_unites_only_where_it_can_save_reads(
+        olmoe: HFMoEAdapter, forced: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step whose pairs run one product each and number at most half the experts gains
+    nothing from united experts (they save reads per expert, not per pair): partial
+    brownout leaves it to the original experts, exactly; a larger step is united, and so
+    is the small one where the per-pair kernel does not run."""
+    from moefleet.brownout.united import averaged_united
+    from moefleet.experts.brownout import BrownoutExperts
+    from moefleet.experts.kernels import in_process_experts
+
+    inner = in_process_experts(olmoe, "fused")
+    router = BrownoutExperts(inner, averaged_united(olmoe, 4), 0.0, "partial")
+    layer = olmoe.moe_layers[0]
+    E = len(router._group_of[layer])
+    g = torch.Generator().manual_seed(3)
+
+    def call(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(rows, olmoe.hidden_size, generator=g).to(BF16)
+        ids, w = olmoe.route(layer, x)
+        return router(layer, x, ids, w), inner(layer, x, ids, w)
+
+    small = E // 2 // 2  # K = 2: E / 2 pairs
+    got, ref = call(small)
+    assert torch.equal(got, ref) and router.stats.calls_not_united == 1
+    assert router.stats.united_pairs == 0
+    got, ref = call(small + 1)
+    assert router.stats.calls_not_united == 1 and router.stats.united_pairs > 0
+    monkeypatch.setenv("MOEFLEET_CPU_GEMV", "0")
+    call(small)
+    assert router.stats.calls_not_united == 1
 
 
 def test_an_engine_prepares_it_before_its_first_step(

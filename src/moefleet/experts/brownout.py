@@ -12,7 +12,11 @@ output once, weighted by the sum of the two gate weights. Shared experts are not
 and never pass through here (adapters add them in ``post_moe``), so brownout leaves them
 untouched on every family.
 
-Invariant (tested): at ``threshold = 1`` the wrapper returns exactly ``inner``'s output.
+Invariant (tested): at ``threshold = 1`` the wrapper returns exactly ``inner``'s output,
+and so does a partial-brownout call the inner says uniting cannot make cheaper
+(:meth:`~moefleet.experts.stack.ExpertStack.uniting_pays`: a small bf16 step on a CPU,
+whose pairs each run their own product whatever expert they read; counted in
+:attr:`BrownoutStats.calls_not_united`).
 With an inner that skips marked pairs (the fused kernel) and stackable united experts, a
 call makes no host read: counts, plan, routing and statistics stay on the device
 (:attr:`BrownoutExperts.stats` reads them when asked).
@@ -56,6 +60,9 @@ class BrownoutStats:
     original_pairs: int = 0
     united_pairs: int = 0
     dropped_pairs: int = 0
+    # partial-brownout calls left on the original experts because uniting could not make
+    # them cheaper there (ExpertStack.uniting_pays: small bf16 steps on a CPU)
+    calls_not_united: int = 0
     last_plan: dict[int, BrownoutPlan] = field(default_factory=dict)
 
 
@@ -107,6 +114,7 @@ class BrownoutExperts(ExpertStack):
         self._stacked: dict[int, tuple[torch.Tensor, torch.Tensor, Any] | None] = {}
         self._threshold = check_threshold(threshold)
         self._calls = 0
+        self._not_united = 0
         self._acc: torch.Tensor | None = None  # _COUNTERS, summed on the device
         self._plans: dict[int, DevicePlan] = {}
         self._gid: dict[tuple[int, torch.device], torch.Tensor] = {}
@@ -117,7 +125,8 @@ class BrownoutExperts(ExpertStack):
         acc = [0] * len(_COUNTERS) if self._acc is None else self._acc.tolist()
         plans = {layer: p.to_plan(self._group_of[layer]) for layer, p in self._plans.items()}
         counters = {name: int(v) for name, v in zip(_COUNTERS, acc, strict=True)}
-        return BrownoutStats(calls=self._calls, last_plan=plans, **counters)
+        return BrownoutStats(calls=self._calls, last_plan=plans,
+                             calls_not_united=self._not_united, **counters)
 
     def _count(self, values: list[torch.Tensor | int], device: torch.device) -> None:
         add = torch.stack([torch.as_tensor(v, device=device).long() for v in values])
@@ -166,7 +175,12 @@ class BrownoutExperts(ExpertStack):
         gid_E = self._group_ids(layer, dev)
         # counted on the device (scatter_add: bincount's output size would be read back)
         counts_E = count_experts(ids_NK, num_experts)
-        if self._threshold >= 1.0:
+        # the original experts alone where uniting saves nothing (see uniting_pays):
+        # faster, and exact
+        plain = self._threshold < 1.0 and self.mode == "partial" \
+            and not self.inner.uniting_pays(layer, x_ND, ids_NK.numel())
+        self._not_united += plain
+        if self._threshold >= 1.0 or plain:
             busy = (counts_E > 0).sum()
             self._count([busy, 0, ids_NK.numel(), 0, 0], dev)
             self._plans[layer] = DevicePlan(counts_E, counts_E > 0, counts_E > 0,

@@ -33,6 +33,8 @@ Kernel = Literal["auto", "loop", "stacked", "fused"]
 KERNELS: tuple[Kernel, ...] = ("auto", "loop", "stacked", "fused")
 # attribute set on expert functions that skip pairs with an id >= E (see the docstring)
 SKIPS_MARKED_PAIRS = "skips_marked_pairs"
+# attribute: (layer, x_ND, pairs) -> whether uniting pairs could save work (ExpertStack)
+UNITING_PAYS = "uniting_pays"
 
 
 def in_process_experts(adapter: MoEModelAdapter, kernel: Kernel = "auto") -> ExpertFn:
@@ -64,7 +66,13 @@ def in_process_experts(adapter: MoEModelAdapter, kernel: Kernel = "auto") -> Exp
             assert stacked is not None  # checked for the model above
             return fused_experts(x_ND, ids_NK, w_NK, *stacked)
 
+        def uniting_pays(layer: int, x_ND: torch.Tensor, pairs: int) -> bool:
+            stacked = adapter.stacked_expert_weights(layer)
+            assert stacked is not None
+            return cpu_gemv.uniting_pays(x_ND, pairs, stacked[0])
+
         setattr(fused, SKIPS_MARKED_PAIRS, True)
+        setattr(fused, UNITING_PAYS, uniting_pays)
         return fused
 
     def run(layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,

@@ -51,6 +51,13 @@ class ExpertStack:
         would read their count on the host (``experts.kernels``'s fused kernel does)."""
         return False
 
+    def uniting_pays(self, layer: int, x_ND: torch.Tensor, pairs: int) -> bool:
+        """Whether a call of ``pairs`` pairs over the rows ``x_ND`` could get cheaper by
+        putting its pairs on fewer experts (brownout's united experts): yes, unless the
+        piece pays per pair rather than per expert read for such a call (the fused
+        kernel's per-pair path on a CPU: ``experts.cpu_gemv.uniting_pays``)."""
+        return True
+
     def set_owners(self, owners_N: Sequence[str] | None) -> None:
         """Owner of each token row of the following calls (None: one anonymous owner)."""
         for inner in self.inners:
@@ -79,6 +86,12 @@ class InProcess(ExpertStack):
         from moefleet.experts.kernels import SKIPS_MARKED_PAIRS
 
         return bool(getattr(self.fn, SKIPS_MARKED_PAIRS, False))
+
+    def uniting_pays(self, layer: int, x_ND: torch.Tensor, pairs: int) -> bool:
+        from moefleet.experts.kernels import UNITING_PAYS
+
+        check = getattr(self.fn, UNITING_PAYS, None)
+        return True if check is None else bool(check(layer, x_ND, pairs))
 
     def __call__(self, layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
                  w_NK: torch.Tensor) -> torch.Tensor:
