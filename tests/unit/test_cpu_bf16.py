@@ -34,6 +34,7 @@ BF16 = torch.bfloat16
 @pytest.fixture
 def forced(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MOEFLEET_CPU_BF16_UPCAST", "1")
+    monkeypatch.setenv("MOEFLEET_CPU_DPBF16", "0")  # the AVX512-BF16 kernel stays out
 
 
 def _close_to_reference(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor,

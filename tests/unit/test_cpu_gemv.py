@@ -32,6 +32,7 @@ BF16 = torch.bfloat16
 def forced(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MOEFLEET_CPU_GEMV", "1")
     monkeypatch.setenv("MOEFLEET_CPU_BF16_UPCAST", "0")  # the AVX2 paths stay out of it
+    monkeypatch.setenv("MOEFLEET_CPU_DPBF16", "0")  # and so does the AVX512-BF16 kernel
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])

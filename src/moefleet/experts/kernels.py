@@ -26,7 +26,7 @@ import torch
 
 from moefleet.errors import MoefleetError
 from moefleet.experts import cpu_gemv
-from moefleet.models import cpu_bf16
+from moefleet.models import cpu_bf16, cpu_dpbf16
 from moefleet.models.base import ExpertFn, MoEModelAdapter, count_experts
 
 Kernel = Literal["auto", "loop", "stacked", "fused"]
@@ -58,7 +58,9 @@ def in_process_experts(adapter: MoEModelAdapter, kernel: Kernel = "auto") -> Exp
             "cannot run it", "use kernel='loop'")
     if kernel == "fused":
         assert first is not None
-        cpu_gemv.prepare(first[0])  # a bf16 CPU model: measure and compile it now
+        # a bf16 CPU model: measure and build its kernel now, not in a request's step
+        if not cpu_dpbf16.prepare(first[0]):
+            cpu_gemv.prepare(first[0])
 
         def fused(layer: int, x_ND: torch.Tensor, ids_NK: torch.Tensor,
                   w_NK: torch.Tensor) -> torch.Tensor:
@@ -69,7 +71,9 @@ def in_process_experts(adapter: MoEModelAdapter, kernel: Kernel = "auto") -> Exp
         def uniting_pays(layer: int, x_ND: torch.Tensor, pairs: int) -> bool:
             stacked = adapter.stacked_expert_weights(layer)
             assert stacked is not None
-            return cpu_gemv.uniting_pays(x_ND, pairs, stacked[0])
+            # the AVX512-BF16 kernel pays per expert read, as uniting assumes
+            return cpu_dpbf16.runs(x_ND, pairs, stacked[0]) \
+                or cpu_gemv.uniting_pays(x_ND, pairs, stacked[0])
 
         setattr(fused, SKIPS_MARKED_PAIRS, True)
         setattr(fused, UNITING_PAYS, uniting_pays)
@@ -186,16 +190,24 @@ def _projections(xs_PD: torch.Tensor, tokens: int, E: int, ends_E: torch.Tensor
     """How the two projections run: the grouped GEMM; segment by segment when the rows
     are bf16 on a CPU without bf16 units and the step is long enough (above), which reads
     the segment ends (E ints) on the host once per layer (on a CPU that waits for
-    nothing); or, bf16 on a CPU with bf16 units at most one pair per expert, one
-    matrix-vector product per pair (:mod:`.cpu_gemv`, no host read)."""
+    nothing); bf16 on a CPU with AVX512-BF16 and few rows per expert, our kernel that
+    reads each expert once (:mod:`.cpu_dpbf16`, no host read); or, failing that, at most
+    one pair per expert, one matrix-vector product per pair (:mod:`.cpu_gemv`)."""
     P = xs_PD.shape[0]
     if tokens >= CPU_SEGMENT_TOKENS and P >= CPU_SEGMENT_PAIRS * E \
             and cpu_bf16.applies(xs_PD, P):
         ends = ends_E.tolist()
         return lambda a_PI, w_EOI: _segments(a_PI, w_EOI, ends)
-    return lambda a_PI, w_EOI: (cpu_gemv.pairs(a_PI, w_EOI, ends_E)
-                                if cpu_gemv.applies(a_PI, w_EOI)
-                                else _grouped(a_PI, w_EOI, ends_E))
+    return lambda a_PI, w_EOI: _project(a_PI, w_EOI, ends_E)
+
+
+def _project(a_PI: torch.Tensor, w_EOI: torch.Tensor, ends_E: torch.Tensor) -> torch.Tensor:
+    """One projection of the sorted pair rows, by the first path that runs here."""
+    if cpu_dpbf16.runs(a_PI, a_PI.shape[0], w_EOI):
+        return cpu_dpbf16.segments(a_PI, w_EOI, ends_E)
+    if cpu_gemv.applies(a_PI, w_EOI):
+        return cpu_gemv.pairs(a_PI, w_EOI, ends_E)
+    return _grouped(a_PI, w_EOI, ends_E)
 
 
 def _grouped(a_PI: torch.Tensor, w_EOI: torch.Tensor, ends_E: torch.Tensor) -> torch.Tensor:

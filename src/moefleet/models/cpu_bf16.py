@@ -16,6 +16,9 @@ of the float32 sums (PyTorch's bf16 CPU matmul also accumulates in float32). It 
 only where :func:`upcast_pays` measured it faster on this machine (cached like the
 ``--dtype auto`` measurement) and for at least :data:`MIN_ROWS` rows; everything else is
 ``F.linear`` unchanged. ``MOEFLEET_CPU_BF16_UPCAST=0`` turns it off, ``=1`` forces it.
+
+On a CPU *with* bf16 units the same modules send a decode step's few rows to
+:mod:`.cpu_dpbf16` instead (where it runs: :func:`use_dpbf16_linears`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from moefleet.models import cpu_dpbf16
 from moefleet.models.dtypes import MeasuredSwitch
 
 MIN_ROWS = 3  # 1 row: bf16 0.80 ms vs 1.11; 2 rows: 1.60 vs 1.54 (same machine, 2048^2)
@@ -54,10 +58,15 @@ def linear(x: torch.Tensor, w_OI: torch.Tensor, bias: torch.Tensor | None = None
            ) -> torch.Tensor:
     """``F.linear(x, w_OI, bias)``, through float32 blocks where :func:`applies`."""
     rows = x.numel() // max(x.shape[-1], 1)
-    if not applies(x, rows) or w_OI.dtype != torch.bfloat16 or (
+    if w_OI.dtype != torch.bfloat16 or (
             torch.is_grad_enabled() and (x.requires_grad or w_OI.requires_grad)):
         return F.linear(x, w_OI, bias)  # autograd (training, distillation) keeps its path
-    y = upcast_matmul(x.reshape(rows, x.shape[-1]), w_OI, bias)
+    if cpu_dpbf16.runs_linear(x, rows, w_OI):  # a CPU with bf16 units, a decode step
+        y = cpu_dpbf16.linear(x.reshape(rows, x.shape[-1]), w_OI, bias)
+    elif applies(x, rows):
+        y = upcast_matmul(x.reshape(rows, x.shape[-1]), w_OI, bias)
+    else:
+        return F.linear(x, w_OI, bias)
     return y.reshape(*x.shape[:-1], w_OI.shape[0])
 
 
@@ -103,8 +112,16 @@ class UpcastLinear(nn.Linear):
 def use_upcast_linears(model: nn.Module) -> int:
     """Turn every plain ``nn.Linear`` of ``model`` into an :class:`UpcastLinear` when the
     blocked path pays on this CPU; the number turned (0 where it does not pay)."""
-    if not upcast_pays():
-        return 0
+    return _turn(model) if upcast_pays() else 0
+
+
+def use_dpbf16_linears(model: nn.Module) -> int:
+    """The same where the AVX512-BF16 kernel (:mod:`.cpu_dpbf16`) runs on this machine:
+    then a linear's calls of a decode step's few rows take it."""
+    return _turn(model) if cpu_dpbf16.available() else 0
+
+
+def _turn(model: nn.Module) -> int:
     turned = 0
     for module in model.modules():
         if type(module) is nn.Linear:

@@ -155,11 +155,14 @@ def _device(device: str | torch.device) -> torch.device:
 def _noted(adapter: MoEModelAdapter, choice: DtypeChoice) -> MoEModelAdapter:
     notes = [choice.reason] if choice.reason else []
     if choice.dtype == torch.bfloat16 and next(adapter.model.parameters()).is_cpu:
-        from moefleet.models.cpu_bf16 import use_upcast_linears
+        from moefleet.models.cpu_bf16 import use_dpbf16_linears, use_upcast_linears
 
         if use_upcast_linears(adapter.model):
             notes.append("bfloat16 linears run through float32 blocks on this CPU (no "
                          "bf16 units; weights stay bf16, moefleet.models.cpu_bf16)")
+        elif use_dpbf16_linears(adapter.model):
+            notes.append("bfloat16 linears of 1-2 rows run through moefleet's "
+                         "AVX512-BF16 kernel on this CPU (moefleet.models.cpu_dpbf16)")
     for note in notes:
         _log.info("%s: %s", adapter.name, note)
     adapter.notes = (*adapter.notes, *notes)

@@ -1,0 +1,65 @@
+/* The grouped bf16 GEMM for few rows per expert, on CPUs with AVX512-BF16
+ * (moefleet.models.cpu_dpbf16 builds, measures and calls it; see its docstring).
+ *
+ * out[p] = a[p] @ w[e]^T for the rows p of segment e, [ends[e-1], ends[e]); rows from
+ * the last end on are 0. a: [P, I] contiguous; w: [E, O, I], unit stride along I, row
+ * stride row_stride, expert stride expert_stride; out: [P, O] contiguous; I a multiple
+ * of 32. All bf16 (as uint16), sums in float32, one rounding to bf16 (to nearest even).
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* R rows (a compile-time constant after inlining, so the accumulators stay in registers)
+ * against every weight row: each 32-wide slice of a weight row is loaded once and used
+ * for all R rows, so the weight is read once per call. */
+static inline __attribute__((always_inline)) void rows_k(
+        const uint16_t* a, const uint16_t* w, uint16_t* out, int64_t O, int64_t I,
+        int64_t row_stride, int R) {
+    for (int64_t o = 0; o < O; ++o) {
+        const uint16_t* wr = w + o * row_stride;
+        __m512 acc[8];
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < I; i += 32) {
+            __m512bh wv = (__m512bh)_mm512_loadu_si512((const void*)(wr + i));
+            for (int r = 0; r < R; ++r)
+                acc[r] = _mm512_dpbf16_ps(
+                    acc[r], (__m512bh)_mm512_loadu_si512((const void*)(a + r * I + i)), wv);
+        }
+        for (int r = 0; r < R; ++r) out[r * O + o] = to_bf16(_mm512_reduce_add_ps(acc[r]));
+    }
+}
+
+#define ROWS_CASE(R) case R: rows_k(a, w, out, O, I, row_stride, R); break;
+
+static void rows(const uint16_t* a, const uint16_t* w, uint16_t* out, int64_t O, int64_t I,
+                 int64_t row_stride, int R) {
+    switch (R) {
+        ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4)
+        ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
+        default: break;
+    }
+}
+
+void segments_bf16(const uint16_t* a, const uint16_t* w, const int64_t* ends, uint16_t* out,
+                   int64_t P, int64_t E, int64_t O, int64_t I, int64_t expert_stride,
+                   int64_t row_stride) {
+    int64_t start = 0;
+    for (int64_t e = 0; e < E; ++e) {
+        int64_t end = ends[e] < P ? ends[e] : P;  /* ends are cumulative: never below start */
+        for (int64_t r0 = start; r0 < end; r0 += 8) {
+            int R = (int)(end - r0 < 8 ? end - r0 : 8);
+            rows(a + r0 * I, w + e * expert_stride, out + r0 * O, O, I, row_stride, R);
+        }
+        if (end > start) start = end;
+    }
+    if (start < P) memset(out + start * O, 0, (size_t)(P - start) * (size_t)O * 2);
+}

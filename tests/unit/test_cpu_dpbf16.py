@@ -1,0 +1,148 @@
+"""The AVX512-BF16 kernel for few rows per expert (issue #24's CPU bars).
+
+The results and the rule, not the speed (benchmarks/engine_scale.py measures that): the
+kernel equals the float32 product of the segments to one bf16 rounding, with empty
+segments, segments longer than its eight-row chunks, strided weights and marked rows
+(0); a linear through it equals ``F.linear``; the rule keeps it to bf16 on the CPU, rows
+a multiple of 32 wide and few rows per expert; a machine without AVX512-BF16 measures
+"does not pay"; an engine's decode steps through it read the host at most twice, with
+brownout on and off; a bf16 model's linears take it and say so. The tests that run the
+kernel skip on machines where it cannot run (no AVX512-BF16, no C compiler).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from moefleet.experts import kernels
+from moefleet.models import cpu_dpbf16
+
+BF16 = torch.bfloat16
+
+
+def _can_run() -> bool:
+    try:
+        cpu_dpbf16._library()
+        return True
+    except Exception:
+        return False
+
+
+needs_kernel = pytest.mark.skipif(not _can_run(), reason="no AVX512-BF16 or no C compiler")
+
+
+@pytest.fixture
+def forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MOEFLEET_CPU_DPBF16", "1")
+    monkeypatch.setenv("MOEFLEET_CPU_BF16_UPCAST", "0")
+
+
+def _reference(a: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    return kernels._segments(a.float(), w.float(), ends.tolist())  # a matmul per segment
+
+
+@needs_kernel
+def test_segments_equal_the_float32_product() -> None:
+    g = torch.Generator().manual_seed(0)
+    E, n_in, n_out = 5, 96, 40
+    big = torch.randn(E, n_out + 3, n_in, generator=g).to(BF16)
+    w = big[:, 1:n_out + 1]  # strided: rows and experts apart as in a view
+    counts = torch.tensor([2, 0, 11, 1, 0])  # an empty segment, one of more than 8 rows
+    ends = torch.cumsum(counts, 0)
+    a = torch.randn(int(ends[-1]) + 3, n_in, generator=g).to(BF16)  # 3 marked rows
+    got = cpu_dpbf16.segments(a, w, ends)
+    want = _reference(a, w, ends)
+    assert got.dtype == BF16 and got.shape == want.shape
+    torch.testing.assert_close(got.float(), want, rtol=2 ** -7, atol=1e-2)
+    assert got[int(ends[-1]):].abs().sum() == 0
+
+
+@needs_kernel
+def test_a_linear_through_it_equals_f_linear() -> None:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 64, generator=g).to(BF16)
+    w = torch.randn(48, 64, generator=g).to(BF16)
+    bias = torch.randn(48, generator=g).to(BF16)
+    got = cpu_dpbf16.linear(x, w, bias)
+    torch.testing.assert_close(got.float(), F.linear(x.float(), w.float(), bias.float()),
+                               rtol=2 ** -6, atol=2e-2)
+
+
+def test_the_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_dpbf16._PAYS, "memo", True)
+    monkeypatch.setattr(cpu_dpbf16, "_buildable", lambda: True)
+    monkeypatch.delenv("MOEFLEET_CPU_DPBF16", raising=False)
+    x = torch.zeros(4, 64, dtype=BF16)
+    w = torch.empty(8, 16, 64, dtype=BF16)
+    assert cpu_dpbf16.runs(x, 16, w) and cpu_dpbf16.runs(x, 1, w)
+    assert not cpu_dpbf16.runs(x, 17, w)  # more than 2 rows per expert: oneDNN
+    assert not cpu_dpbf16.runs(x, 0, w)
+    assert not cpu_dpbf16.runs(x.float(), 4, w.float())
+    assert not cpu_dpbf16.runs(x[:, :48], 4, w[..., :48])  # not a multiple of 32 wide
+    assert not cpu_dpbf16.runs(x, 4, w.transpose(1, 2))  # not unit stride along I
+    assert cpu_dpbf16.runs_linear(x, 2, w[0]) and not cpu_dpbf16.runs_linear(x, 3, w[0])
+    monkeypatch.setenv("MOEFLEET_CPU_DPBF16", "0")
+    assert not cpu_dpbf16.runs(x, 4, w)
+    monkeypatch.setenv("MOEFLEET_CPU_DPBF16", "")
+    monkeypatch.setattr(cpu_dpbf16._PAYS, "memo", False)  # measured: does not pay
+    assert not cpu_dpbf16.runs(x, 4, w)
+
+
+def test_a_machine_without_bf16_units_does_not_pay(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu_dpbf16._library.cache_clear()
+    monkeypatch.setattr(cpu_dpbf16, "cpu_has_bf16_units", lambda: False)
+    try:
+        got = cpu_dpbf16._measure(reps=1)
+    finally:
+        cpu_dpbf16._library.cache_clear()
+    assert got["pays"] is False and "AVX512-BF16" in got["error"]
+
+
+@pytest.fixture(scope="module")
+def olmoe() -> Any:
+    from moefleet.models.hf import HFMoEAdapter
+    from moefleet.models.tiny import tiny_model
+
+    # hidden 64 (a multiple of 32): the kernel can run its experts and linears
+    return HFMoEAdapter(tiny_model("olmoe", vocab_size=256, seed=2).to(BF16), name="olmoe")
+
+
+@needs_kernel
+@pytest.mark.parametrize("ways", [None, 4])
+def test_decode_steps_through_it_read_the_host_at_most_twice(
+        olmoe: Any, forced: None, ways: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from moefleet.compose.presets import brownout_engine
+    from tests.engine_helpers import decode_step_reads
+
+    assert olmoe.hidden_size % 32 == 0
+    taken: list[int] = []
+    real = cpu_dpbf16.segments
+    monkeypatch.setattr(cpu_dpbf16, "segments",
+                        lambda *a: taken.append(a[0].shape[0]) or real(*a))
+    opened = brownout_engine(olmoe, ways=ways, threshold=0.4, mode="full", kernel="fused")
+    taken.clear()
+    reads = [c.count for c in decode_step_reads(opened.engine, requests=2, max_tokens=5)]
+    assert reads and max(reads) <= 2, reads
+    assert taken  # both with and without brownout: marked pairs cost it nothing
+
+
+@needs_kernel
+def test_a_bf16_models_linears_take_it_and_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from moefleet.models.cpu_bf16 import UpcastLinear
+    from moefleet.models.registry import load_adapter
+
+    monkeypatch.setenv("MOEFLEET_CPU_DPBF16", "1")
+    monkeypatch.setenv("MOEFLEET_CPU_BF16_UPCAST", "0")
+    adapter = load_adapter("olmoe-1b-7b:layers=1", dtype="bfloat16")
+    assert any("AVX512-BF16 kernel" in n for n in adapter.notes)
+    assert type(adapter.lm_head) is UpcastLinear
+    h = torch.randn(2, adapter.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        got = adapter.lm_head(h.to(BF16))  # two rows: a decode step's, through the kernel
+        monkeypatch.setenv("MOEFLEET_CPU_DPBF16", "0")
+        want = adapter.lm_head(h.to(BF16))
+    torch.testing.assert_close(got.float(), want.float(), rtol=0.02, atol=0.05)
