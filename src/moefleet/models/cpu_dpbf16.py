@@ -10,7 +10,10 @@ eight of its rows at a time, each weight row is loaded once and multiplied into 
 row with ``vdpbf16ps`` (bf16 pairs summed into float32), so the weight is read once per
 eight rows. Measured on a 2-core AMD EPYC (one thread, 64 experts of 2048 x 2048, decode
 steps of 1-16 rows at top-8): 0.30-0.42 ms per expert read against the grouped GEMM's
-0.76-0.85. It runs for at most :data:`MAX_ROWS_PER_EXPERT` rows per expert on average.
+0.76-0.85. It runs for at most :data:`MAX_ROWS_PER_EXPERT` rows per expert on average, on one
+thread: at more torch threads oneDNN uses them all, and the per-machine measurement
+(keyed by thread count) decides (at 2 threads here it still paid: 0.46 ms per weight
+against 0.59).
 
 The model's own bf16 linears of a decode step (attention projections, the LM head) take it
 too (:mod:`.cpu_bf16`'s :func:`~moefleet.models.cpu_bf16.linear`), as a segment of one.
