@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,6 +71,19 @@ def small_mixtral_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def bf16_olmoe() -> Any:
+    """A tiny OLMoE (8 experts, top-2, hidden 64) in bfloat16, for the CPU bf16 paths'
+    tests (the blocked float32 path, the per-pair kernel, the AVX512-BF16 kernel)."""
+    import torch
+
+    from moefleet.models.hf import HFMoEAdapter
+    from moefleet.models.tiny import tiny_model
+
+    return HFMoEAdapter(tiny_model("olmoe", vocab_size=256, seed=2).to(torch.bfloat16),
+                        name="olmoe")
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,6 @@ from moefleet.experts.kernels import CPU_SEGMENT_PAIRS, CPU_SEGMENT_TOKENS, fuse
 from moefleet.models import cpu_bf16
 from moefleet.models.dtypes import cached_cpu_measure
 from moefleet.models.hf import HFMoEAdapter
-from moefleet.models.tiny import tiny_model
 
 BF16 = torch.bfloat16
 
@@ -100,11 +99,6 @@ def test_no_swap_where_it_does_not_pay(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cpu_bf16.use_upcast_linears(model) == 0 and type(model[0]) is nn.Linear
 
 
-@pytest.fixture(scope="module")
-def olmoe() -> HFMoEAdapter:
-    return HFMoEAdapter(tiny_model("olmoe", vocab_size=256, seed=2).to(BF16), name="olmoe")
-
-
 def _stacked(adapter: HFMoEAdapter, layer: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
     got = adapter.stacked_expert_weights(layer)
     assert got is not None
@@ -112,18 +106,18 @@ def _stacked(adapter: HFMoEAdapter, layer: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def test_fused_segment_path_equals_the_grouped_path_and_reads_once(
-        olmoe: HFMoEAdapter, forced: None) -> None:
-    layer = olmoe.moe_layers[0]
-    gate_up, down, act = _stacked(olmoe, layer)
+        bf16_olmoe: HFMoEAdapter, forced: None) -> None:
+    layer = bf16_olmoe.moe_layers[0]
+    gate_up, down, act = _stacked(bf16_olmoe, layer)
     E = gate_up.shape[0]
     g = torch.Generator().manual_seed(0)
-    K = olmoe.route(layer, torch.zeros(1, olmoe.hidden_size, dtype=BF16))[0].shape[1]
+    K = bf16_olmoe.route(layer, torch.zeros(1, bf16_olmoe.hidden_size, dtype=BF16))[0].shape[1]
     # a prefill-sized step at >= 8 pairs per expert: segments, one read; a step of 63
     # rows at >= 8 pairs per expert, and one at 1 pair: the grouped GEMM, no read
     for tokens, reads_wanted in ((max(CPU_SEGMENT_TOKENS, CPU_SEGMENT_PAIRS * E // K), 1),
                                  (CPU_SEGMENT_TOKENS - 1, 0), (-(-E // K), 0)):
-        x = torch.randn(tokens, olmoe.hidden_size, generator=g).to(BF16)
-        ids, w = olmoe.route(layer, x)
+        x = torch.randn(tokens, bf16_olmoe.hidden_size, generator=g).to(BF16)
+        ids, w = bf16_olmoe.route(layer, x)
         keep = ids % 5 != 0  # marked pairs (id E) must still contribute nothing
         ids, w = torch.where(keep, ids, E), torch.where(keep, w, 0)
         with HostReads() as reads:

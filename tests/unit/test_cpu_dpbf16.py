@@ -102,28 +102,19 @@ def test_a_machine_without_bf16_units_does_not_pay(monkeypatch: pytest.MonkeyPat
     assert got["pays"] is False and "AVX512-BF16" in got["error"]
 
 
-@pytest.fixture(scope="module")
-def olmoe() -> Any:
-    from moefleet.models.hf import HFMoEAdapter
-    from moefleet.models.tiny import tiny_model
-
-    # hidden 64 (a multiple of 32): the kernel can run its experts and linears
-    return HFMoEAdapter(tiny_model("olmoe", vocab_size=256, seed=2).to(BF16), name="olmoe")
-
-
 @needs_kernel
 @pytest.mark.parametrize("ways", [None, 4])
 def test_decode_steps_through_it_read_the_host_at_most_twice(
-        olmoe: Any, forced: None, ways: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+        bf16_olmoe: Any, forced: None, ways: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
     from moefleet.compose.presets import brownout_engine
     from tests.engine_helpers import decode_step_reads
 
-    assert olmoe.hidden_size % 32 == 0
+    assert bf16_olmoe.hidden_size % 32 == 0
     taken: list[int] = []
     real = cpu_dpbf16.segments
     monkeypatch.setattr(cpu_dpbf16, "segments",
                         lambda *a: taken.append(a[0].shape[0]) or real(*a))
-    opened = brownout_engine(olmoe, ways=ways, threshold=0.4, mode="full", kernel="fused")
+    opened = brownout_engine(bf16_olmoe, ways=ways, threshold=0.4, mode="full", kernel="fused")
     taken.clear()
     reads = [c.count for c in decode_step_reads(opened.engine, requests=2, max_tokens=5)]
     assert reads and max(reads) <= 2, reads

@@ -89,15 +89,10 @@ def test_a_machine_that_cannot_compile_does_not_pay(monkeypatch: pytest.MonkeyPa
     assert got["pays"] is False and "no C++ compiler" in got["error"]
 
 
-@pytest.fixture(scope="module")
-def olmoe() -> HFMoEAdapter:
-    return HFMoEAdapter(tiny_model("olmoe", vocab_size=256, seed=2).to(BF16), name="olmoe")
-
-
 def test_fused_takes_it_for_small_bf16_steps_and_reads_nothing(
-        olmoe: HFMoEAdapter, forced: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    layer = olmoe.moe_layers[0]
-    got_w = olmoe.stacked_expert_weights(layer)
+        bf16_olmoe: HFMoEAdapter, forced: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    layer = bf16_olmoe.moe_layers[0]
+    got_w = bf16_olmoe.stacked_expert_weights(layer)
     assert got_w is not None
     gate_up, down, act = got_w
     E = gate_up.shape[0]
@@ -110,8 +105,8 @@ def test_fused_takes_it_for_small_bf16_steps_and_reads_nothing(
 
     monkeypatch.setattr(cpu_gemv, "pairs", spy)
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(3, olmoe.hidden_size, generator=g).to(BF16)
-    ids, w = olmoe.route(layer, x)
+    x = torch.randn(3, bf16_olmoe.hidden_size, generator=g).to(BF16)
+    ids, w = bf16_olmoe.route(layer, x)
     K = ids.shape[1]
     assert 3 * K <= E
     keep = ids % 5 != 0
@@ -122,14 +117,14 @@ def test_fused_takes_it_for_small_bf16_steps_and_reads_nothing(
     ref = fused_experts(x.float(), ids, w.float(), gate_up.float(), down.float(), act)
     torch.testing.assert_close(got.float(), ref, rtol=0.02, atol=0.02)
     taken.clear()
-    many = torch.randn(E // K + 1, olmoe.hidden_size, generator=g).to(BF16)
-    fused_experts(many, *olmoe.route(layer, many), gate_up, down, act)
+    many = torch.randn(E // K + 1, bf16_olmoe.hidden_size, generator=g).to(BF16)
+    fused_experts(many, *bf16_olmoe.route(layer, many), gate_up, down, act)
     assert taken == []  # more pairs than experts: the grouped GEMM
 
 
 @pytest.mark.parametrize(("ways", "mode"), [(None, "full"), (4, "full"), (4, "partial")])
 def test_decode_steps_through_it_read_the_host_at_most_twice(
-        olmoe: HFMoEAdapter, forced: None, ways: int | None, mode: str,
+        bf16_olmoe: HFMoEAdapter, forced: None, ways: int | None, mode: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
     taken: list[int] = []
     real = cpu_gemv.pairs
@@ -138,10 +133,10 @@ def test_decode_steps_through_it_read_the_host_at_most_twice(
     from moefleet.experts.brownout import BrownoutExperts
 
     if mode == "partial":  # united experts as group averages: distilling needs a tokenizer
-        opened = brownout_engine(olmoe, ways=None, kernel="fused", wrap=lambda base: (
-            BrownoutExperts(base, averaged_united(olmoe, 4), 0.4, "partial")))
+        opened = brownout_engine(bf16_olmoe, ways=None, kernel="fused", wrap=lambda base: (
+            BrownoutExperts(base, averaged_united(bf16_olmoe, 4), 0.4, "partial")))
     else:
-        opened = brownout_engine(olmoe, ways=ways, threshold=0.4, mode=mode, kernel="fused")
+        opened = brownout_engine(bf16_olmoe, ways=ways, threshold=0.4, mode=mode, kernel="fused")
     taken.clear()  # building it compiled the kernel (test below)
     reads = [c.count for c in decode_step_reads(opened.engine, requests=2, max_tokens=5)]
     assert reads and max(reads) <= 2, reads
@@ -154,7 +149,7 @@ def test_decode_steps_through_it_read_the_host_at_most_twice(
 
 
 def test_partial_brownout_unites_only_where_it_can_save_reads(
-        olmoe: HFMoEAdapter, forced: None, monkeypatch: pytest.MonkeyPatch) -> None:
+        bf16_olmoe: HFMoEAdapter, forced: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """A step whose pairs run one product each and number at most half the experts gains
     nothing from united experts (they save reads per expert, not per pair): partial
     brownout leaves it to the original experts, exactly; a larger step is united, and so
@@ -163,15 +158,15 @@ def test_partial_brownout_unites_only_where_it_can_save_reads(
     from moefleet.experts.brownout import BrownoutExperts
     from moefleet.experts.kernels import in_process_experts
 
-    inner = in_process_experts(olmoe, "fused")
-    router = BrownoutExperts(inner, averaged_united(olmoe, 4), 0.0, "partial")
-    layer = olmoe.moe_layers[0]
+    inner = in_process_experts(bf16_olmoe, "fused")
+    router = BrownoutExperts(inner, averaged_united(bf16_olmoe, 4), 0.0, "partial")
+    layer = bf16_olmoe.moe_layers[0]
     E = len(router._group_of[layer])
     g = torch.Generator().manual_seed(3)
 
     def call(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.randn(rows, olmoe.hidden_size, generator=g).to(BF16)
-        ids, w = olmoe.route(layer, x)
+        x = torch.randn(rows, bf16_olmoe.hidden_size, generator=g).to(BF16)
+        ids, w = bf16_olmoe.route(layer, x)
         return router(layer, x, ids, w), inner(layer, x, ids, w)
 
     small = E // 2 // 2  # K = 2: E / 2 pairs
@@ -186,7 +181,7 @@ def test_partial_brownout_unites_only_where_it_can_save_reads(
 
 
 def test_an_engine_prepares_it_before_its_first_step(
-        olmoe: HFMoEAdapter, forced: None, monkeypatch: pytest.MonkeyPatch) -> None:
+        bf16_olmoe: HFMoEAdapter, forced: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """Building the fused experts of a bf16 CPU model measures and compiles the kernel
     (for every pair count), so no request's first decode step pays for that; float32
     models never touch it."""
@@ -195,11 +190,11 @@ def test_an_engine_prepares_it_before_its_first_step(
     rows: list[int] = []
     real = cpu_gemv.pairs
     monkeypatch.setattr(cpu_gemv, "pairs", lambda *a: rows.append(a[0].shape[0]) or real(*a))
-    in_process_experts(olmoe, "fused")
+    in_process_experts(bf16_olmoe, "fused")
     assert rows == [2]
     rows.clear()
     monkeypatch.setenv("MOEFLEET_CPU_GEMV", "")  # measured: a tiny model's experts are small
-    in_process_experts(olmoe, "fused")
+    in_process_experts(bf16_olmoe, "fused")
     assert rows == []
     fp32 = HFMoEAdapter(tiny_model("olmoe", vocab_size=256, seed=2), name="olmoe")
     in_process_experts(fp32, "fused")

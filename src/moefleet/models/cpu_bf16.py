@@ -62,11 +62,12 @@ def linear(x: torch.Tensor, w_OI: torch.Tensor, bias: torch.Tensor | None = None
             torch.is_grad_enabled() and (x.requires_grad or w_OI.requires_grad)):
         return F.linear(x, w_OI, bias)  # autograd (training, distillation) keeps its path
     if cpu_dpbf16.runs_linear(x, rows, w_OI):  # a CPU with bf16 units, a decode step
-        y = cpu_dpbf16.linear(x.reshape(rows, x.shape[-1]), w_OI, bias)
+        matmul = cpu_dpbf16.linear
     elif applies(x, rows):
-        y = upcast_matmul(x.reshape(rows, x.shape[-1]), w_OI, bias)
+        matmul = upcast_matmul
     else:
         return F.linear(x, w_OI, bias)
+    y = matmul(x.reshape(rows, x.shape[-1]), w_OI, bias)
     return y.reshape(*x.shape[:-1], w_OI.shape[0])
 
 
