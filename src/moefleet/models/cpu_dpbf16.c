@@ -10,6 +10,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifndef CHUNK
+#define CHUNK 16
+#endif
+
 static inline uint16_t to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -26,9 +30,15 @@ static inline __attribute__((always_inline)) void rows_k(
         int64_t row_stride, int R) {
     for (int64_t o = 0; o < O; ++o) {
         const uint16_t* wr = w + o * row_stride;
-        __m512 acc[8];
+        __m512 acc[CHUNK];
         for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
         for (int64_t i = 0; i < I; i += 32) {
+            /* The weight row two ahead, into L2. The hardware prefetchers stop at each 4 KB
+             * page (a 2048-wide bf16 row is one), so without this every row starts with a
+             * stall and several rows' products no longer hide the reads (measured: 8 rows
+             * 1.6 ms a weight, 0.7 with it). A prefetch never faults, so the rows past
+             * the last need no test. */
+            _mm_prefetch((const char*)(wr + 2 * row_stride + i), _MM_HINT_T1);
             __m512bh wv = (__m512bh)_mm512_loadu_si512((const void*)(wr + i));
             for (int r = 0; r < R; ++r)
                 acc[r] = _mm512_dpbf16_ps(
@@ -45,6 +55,8 @@ static void rows(const uint16_t* a, const uint16_t* w, uint16_t* out, int64_t O,
     switch (R) {
         ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4)
         ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
+        ROWS_CASE(9) ROWS_CASE(10) ROWS_CASE(11) ROWS_CASE(12)
+        ROWS_CASE(13) ROWS_CASE(14) ROWS_CASE(15) ROWS_CASE(16)
         default: break;
     }
 }
@@ -52,12 +64,20 @@ static void rows(const uint16_t* a, const uint16_t* w, uint16_t* out, int64_t O,
 void segments_bf16(const uint16_t* a, const uint16_t* w, const int64_t* ends, uint16_t* out,
                    int64_t P, int64_t E, int64_t O, int64_t I, int64_t expert_stride,
                    int64_t row_stride) {
+    /* Rows per pass over a weight: their activations (cap * I bf16) stay within 32 KB, L1,
+     * since every weight row walks all of them; a cyclic walk larger than L1 misses
+     * on every load (measured at 2048 wide: 8 rows 0.51 ms a weight, 10 rows 1.2). */
+    int64_t cap = 16384 / I;
+    cap = cap < 2 ? 2 : cap > CHUNK ? CHUNK : cap;
     int64_t start = 0;
     for (int64_t e = 0; e < E; ++e) {
         int64_t end = ends[e] < P ? ends[e] : P;  /* ends are cumulative: never below start */
-        for (int64_t r0 = start; r0 < end; r0 += 8) {
-            int R = (int)(end - r0 < 8 ? end - r0 : 8);
+        /* Equal chunks of at most `cap` rows (12 rows at cap 8: 6 and 6, not 8 and 4) */
+        int64_t n = end - start, chunks = (n + cap - 1) / cap;
+        for (int64_t c = 0, r0 = start; c < chunks; ++c) {
+            int R = (int)((n - (r0 - start) + (chunks - c) - 1) / (chunks - c));
             rows(a + r0 * I, w + e * expert_stride, out + r0 * O, O, I, row_stride, R);
+            r0 += R;
         }
         if (end > start) start = end;
     }

@@ -5,12 +5,14 @@ PyTorch's bf16 product on such a CPU (oneDNN, which ``torch._grouped_mm`` calls 
 expert) costs about 0.8 ms for one to eight rows over a 2048 x 2048 weight (8 MB), where
 reading the weight takes about 0.3 ms: it repacks the weight on every call. In a decode
 step most experts get one to a few rows, so that repacking was most of the step.
-:func:`segments` is the grouped GEMM as a small C kernel of ours: for each expert, up to
-eight of its rows at a time, each weight row is loaded once and multiplied into every
-row with ``vdpbf16ps`` (bf16 pairs summed into float32), so the weight is read once per
-eight rows. Measured on a 2-core AMD EPYC (one thread, 64 experts of 2048 x 2048, decode
-steps of 1-16 rows at top-8): 0.30-0.42 ms per expert read against the grouped GEMM's
-0.76-0.85. It runs for at most :data:`MAX_ROWS_PER_EXPERT` rows per expert on average, on one
+:func:`segments` is the grouped GEMM as a small C kernel of ours: for each expert, a few
+of its rows at a time (as many as keep their activations in L1), each weight row is
+loaded once and multiplied into every row with ``vdpbf16ps`` (bf16 pairs summed into
+float32), so the weight is read once per pass; the weight row two ahead is prefetched
+into L2, since the hardware prefetchers stop at every 4 KB page. Measured on a 2-core AMD
+EPYC (one thread, 2048 x 2048 weights): 0.39-0.43 ms per weight at 1-2 rows, 0.51-0.86 at
+8, against the grouped GEMM's 0.77-0.85 and 0.91-1.02. It runs for at most
+:data:`MAX_ROWS_PER_EXPERT` rows per expert on average, on one
 thread: at more torch threads oneDNN uses them all, and the per-machine measurement
 (keyed by thread count) decides (at 2 threads here it still paid: 0.46 ms per weight
 against 0.59).
@@ -50,13 +52,14 @@ import torch
 from moefleet.models.dtypes import MeasuredSwitch
 
 _log = logging.getLogger(__name__)
-# Up to this many rows per expert on average. The kernel's cost grows with rows (its
-# products, not its reads, bound it from about 3 rows), oneDNN's hardly does: measured
-# over 16 weights of 2048 x 2048 on the machine above, per weight, 0.40 ms at 1 row,
-# 0.43 at 2, 0.79 at 4 and 1.46 at 8, against 0.70-0.96 for oneDNN. A decode step over
-# many experts (8 rows over OLMoE's 64 at top-8: 64 pairs) is within it; brownout's
-# united experts (64 pairs over 8) and prefill are not.
-MAX_ROWS_PER_EXPERT = 2
+# Up to this many rows per expert on average. Measured per weight on the machine above
+# (one thread, 2048 x 2048 bf16 weights, median of 7): the kernel 0.39-0.43 ms at 1-2
+# rows, 0.33-0.38 at 4, 0.51-0.86 at 8, 0.83-0.90 at 12 (two passes of 6), 1.04-1.13 at
+# 16, against the grouped GEMM's 0.77-0.84, 0.76-0.85, 0.91-1.02, 1.04-1.17 and
+# 1.18-1.34; at 24 rows the two were equal (1.65). A decode step over many experts
+# (8 rows over OLMoE's 64 at top-8) and brownout's united experts (64 pairs over 8) are
+# within it.
+MAX_ROWS_PER_EXPERT = 12
 _PAYS = MeasuredSwitch("MOEFLEET_CPU_DPBF16", "cpu_dpbf16.json", lambda: _measure())
 _FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-shared", "-fPIC")
 SOURCE = Path(__file__).with_name("cpu_dpbf16.c")
