@@ -23,6 +23,16 @@ def test_greedy_takes_the_arg_max_and_reports_model_logprobs() -> None:
     assert list(lps[0].top) == [1, 3]  # the two most likely, best first
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_greedy_over_half_precision_logits_is_their_own_arg_max(dtype: torch.dtype) -> None:
+    """(Widened to float32 on the CPU for speed: exact, ties to the first index.)"""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 1000, generator=g).to(dtype)
+    logits[2, [7, 900]] = 50.0  # a tie: the first wins, as in the half-precision argmax
+    tokens, _ = Sampler().sample(logits, list(range(5)), [SamplingParams(temperature=0)] * 5)
+    assert tokens == logits.argmax(-1).tolist() and tokens[2] == 7
+
+
 def test_top_k_one_and_tiny_top_p_are_greedy() -> None:
     s = Sampler()
     for p in (SamplingParams(temperature=1.5, top_k=1, seed=1),

@@ -19,6 +19,8 @@ import torch
 
 from moefleet.engine.request import SamplingParams, TokenLogprob
 
+_HALF = (torch.bfloat16, torch.float16)
+
 
 class Sampler:
     def __init__(self) -> None:
@@ -43,7 +45,11 @@ class Sampler:
         """One token per row. ``outputs[b]``: the tokens row b's request has generated so
         far (what the penalties count); needed only when a request sets a penalty."""
         if all(p.greedy and p.logprobs is None and not p.adjusts_logits for p in params):
-            # the step's one read of the tokens: argmax where the logits are
+            # the step's one read of the tokens: argmax where the logits are. On the CPU a
+            # half-precision argmax runs unvectorised (OLMoE's 8 x 50,304 bf16 logits: 1.46
+            # ms against 0.37 through float32, one-off); widening is exact, so same token
+            if logits_BV.device.type == "cpu" and logits_BV.dtype in _HALF:
+                logits_BV = logits_BV.float()
             return logits_BV.argmax(dim=-1).tolist(), [None] * len(params)
         logits_BV = logits_BV.float().cpu()
         chosen_BV = adjusted(logits_BV, params, outputs)

@@ -11,9 +11,11 @@ would expand every slot of the cache in every layer.
 
 from __future__ import annotations
 
+import copy
 from typing import Literal
 
 import torch
+from torch import nn
 
 from moefleet.errors import MoefleetError
 
@@ -38,3 +40,20 @@ def resolve_attention(choice: str, device: torch.device | str,
     if choice != "auto":
         return choice
     return "paged" if torch.device(device).type == "cuda" and not latent_cache else "gather"
+
+
+def with_implementation(module: nn.Module, impl: str) -> nn.Module:
+    """A shallow copy of an HF attention module that dispatches to the attention function
+    registered as ``impl``.
+
+    The copy shares the module's parameters and submodules (the same dicts, so moving
+    the model moves them too); only its ``config`` is a copy naming ``impl``, so the
+    original module and config keep their own attention (and the masks the model builds
+    stay those of its own implementation)."""
+    swapped = copy.copy(module)
+    config = copy.copy(getattr(module, "config"))  # noqa: B009 - HF modules keep config
+    # set the stored field, not the property: the setter would recurse into sub-configs
+    # shared with the original
+    config._attn_implementation_internal = impl
+    object.__setattr__(swapped, "config", config)
+    return swapped

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from moefleet.models.attention import with_implementation
 from moefleet.models.base import ForwardContext, MoEModelAdapter
 from moefleet.models.experts import GatedExpert
 from moefleet.models.kv import StepCacheView
@@ -88,6 +89,7 @@ class HFMoEAdapter(MoEModelAdapter):
         # DeepSeek-V2's MLA caches a latent that its attention expands per cached slot
         self.latent_cache = self.family == "deepseek_v2"
         self._paged_attn: dict[int, nn.Module] = {}  # layer -> paged_module(self_attn)
+        self._decode_attn: dict[int, nn.Module] = {}  # layer -> its CPU decode copy
 
     # -- structure -------------------------------------------------------------------
     @property
@@ -220,14 +222,23 @@ class HFMoEAdapter(MoEModelAdapter):
         return [by_type[layer_types[i]] for i in range(self.num_layers)]
 
     def _attention(self, layer: int, mask: Any) -> Any:
-        """The block's attention module, or (paged steps) its copy that runs
-        :func:`moefleet.models.paged.paged_attention_forward`."""
+        """The block's attention module; in paged steps its copy that runs
+        :func:`moefleet.models.paged.paged_attention_forward`; for an SDPA model its copy
+        that runs :func:`moefleet.models.cpu_attention.decode_attention_forward` (the
+        product form for one-token queries on the CPU, SDPA itself otherwise)."""
         paged = sys.modules.get("moefleet.models.paged")  # not imported: no paged step ran
-        if paged is None or not isinstance(mask, paged.PagedMask):
+        if paged is not None and isinstance(mask, paged.PagedMask):
+            if layer not in self._paged_attn:
+                self._paged_attn[layer] = paged.paged_module(self.blocks[layer].self_attn)
+            return self._paged_attn[layer]
+        if self.config._attn_implementation != "sdpa":
             return self.blocks[layer].self_attn
-        if layer not in self._paged_attn:
-            self._paged_attn[layer] = paged.paged_module(self.blocks[layer].self_attn)
-        return self._paged_attn[layer]
+        if layer not in self._decode_attn:
+            from moefleet.models import cpu_attention
+
+            self._decode_attn[layer] = with_implementation(self.blocks[layer].self_attn,
+                                                           cpu_attention.CPU_DECODE_IMPL)
+        return self._decode_attn[layer]
 
     def pre_moe(
         self, layer: int, h_BTD: torch.Tensor, ctx: ForwardContext

@@ -31,7 +31,6 @@ untouched.
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from transformers import AttentionInterface
 
+from moefleet.models.attention import with_implementation
 from moefleet.models.kv import KVCacheError, StepCacheView
 
 PAGED_IMPL = "moefleet_paged"
@@ -174,18 +174,9 @@ def paged_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
 
 
 def paged_module(module: nn.Module) -> nn.Module:
-    """A shallow copy of an HF attention module that dispatches to :data:`PAGED_IMPL`.
-
-    The copy shares the module's parameters and submodules (the same dicts, so moving
-    the model moves them too); only its ``config`` is a copy naming our implementation,
-    so the original module and config keep their own attention."""
-    paged = copy.copy(module)
-    config = copy.copy(getattr(module, "config"))  # noqa: B009 - HF modules keep config
-    # set the stored field, not the property: the setter would recurse into sub-configs
-    # shared with the original
-    config._attn_implementation_internal = PAGED_IMPL
-    object.__setattr__(paged, "config", config)
-    return paged
+    """A shallow copy of an HF attention module that dispatches to :data:`PAGED_IMPL`
+    (:func:`moefleet.models.attention.with_implementation`)."""
+    return with_implementation(module, PAGED_IMPL)
 
 
 AttentionInterface.register(PAGED_IMPL, paged_attention_forward)
