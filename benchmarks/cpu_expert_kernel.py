@@ -5,8 +5,10 @@ default) and each number of rows per expert, R rows on each of several bf16 weig
 (64 weights at 1-2 rows, as a decode step spreads them; fewer at more rows, as brownout's
 united experts gather them), timed both ways in one run, median of ``--reps``:
 ``moefleet.models.cpu_dpbf16.segments`` and ``torch._grouped_mm`` (oneDNN's product
-per expert on the CPU). Writes JSON with milliseconds per weight and the ratio. This is
-where ``cpu_dpbf16.MAX_ROWS_PER_EXPERT`` comes from. Random weights: speed only.
+per expert on the CPU). At more than one torch thread (``OMP_NUM_THREADS``) the kernel
+splits its outputs between them, and is timed on one thread too. Writes JSON with
+milliseconds per weight and the ratios. This is where ``cpu_dpbf16.MAX_ROWS_PER_EXPERT``
+comes from. Random weights: speed only.
 
     OMP_NUM_THREADS=1 python benchmarks/cpu_expert_kernel.py \
         --out benchmarks/results/cpu_expert_kernel.json
@@ -41,8 +43,18 @@ def measure(n_out: int, n_in: int, rows: int, total: int, reps: int) -> dict[str
     offs, w_EIO = ends.to(torch.int32), w.transpose(1, 2)
     grouped = median_seconds(lambda: torch._grouped_mm(x, w_EIO, offs=offs), reps)
     kernel = median_seconds(lambda: cpu_dpbf16.segments(x, w, ends), reps)
-    return {"rows": rows, "weights": n_w, "grouped_ms_per_weight": grouped * 1e3 / n_w,
-            "kernel_ms_per_weight": kernel * 1e3 / n_w, "grouped_over_kernel": grouped / kernel}
+    res = {"rows": rows, "weights": n_w, "grouped_ms_per_weight": grouped * 1e3 / n_w,
+           "kernel_ms_per_weight": kernel * 1e3 / n_w, "grouped_over_kernel": grouped / kernel}
+    threads = torch.get_num_threads()
+    if threads > 1:  # the kernel on the calling thread alone, beside its split
+        torch.set_num_threads(1)
+        try:
+            one = median_seconds(lambda: cpu_dpbf16.segments(x, w, ends), reps)
+        finally:
+            torch.set_num_threads(threads)
+        res |= {"kernel_one_thread_ms_per_weight": one * 1e3 / n_w,
+                "one_thread_over_split": one / kernel}
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,9 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows:
             res = {"out": n_out, "in": n_in, **measure(n_out, n_in, r, a.weights, a.reps)}
             results.append(res)
+            one = res.get("kernel_one_thread_ms_per_weight")
             print(f"{n_out}x{n_in} {r:3d} rows over {res['weights']:2d} weights: grouped "
                   f"{res['grouped_ms_per_weight']:.3f} ms/weight, kernel "
-                  f"{res['kernel_ms_per_weight']:.3f}, {res['grouped_over_kernel']:.2f}x",
+                  f"{res['kernel_ms_per_weight']:.3f}, {res['grouped_over_kernel']:.2f}x"
+                  + ("" if one is None else f"; kernel on one thread {one:.3f}"),
                   flush=True)
     out = {"note": "random bf16 weights: speed only; one process, medians of reps",
            "machine": platform.processor() or platform.machine(),

@@ -70,6 +70,26 @@ def test_segments_equal_the_float32_product(n_in: int, counts: list[int]) -> Non
 
 
 @needs_kernel
+@pytest.mark.parametrize("threads", [2, 3])
+def test_split_between_threads_the_result_is_the_same(threads: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(3, 200, 64, generator=g).to(BF16)  # 200 outputs: 128 + 72, or 3 x 64 + 8
+    ends = torch.tensor([4, 4, 9])
+    a = torch.randn(11, 64, generator=g).to(BF16)  # 2 marked rows
+    one = cpu_dpbf16.segments(a, w, ends)
+    monkeypatch.setattr(cpu_dpbf16, "MIN_SPLIT_ELEMENTS", 0)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        split = cpu_dpbf16.segments(a, w, ends)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(split, one)  # each output computed the same way, by some thread
+    assert split[9:].abs().sum() == 0
+
+
+@needs_kernel
 def test_a_linear_through_it_equals_f_linear() -> None:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 64, generator=g).to(BF16)

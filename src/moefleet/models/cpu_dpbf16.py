@@ -12,10 +12,12 @@ float32), so the weight is read once per pass; the weight row two ahead is prefe
 into L2, since the hardware prefetchers stop at every 4 KB page. Measured on a 2-core AMD
 EPYC (one thread, 2048 x 2048 weights): 0.39-0.43 ms per weight at 1-2 rows, 0.51-0.86 at
 8, against the grouped GEMM's 0.77-0.85 and 0.91-1.02. It runs for at most
-:data:`MAX_ROWS_PER_EXPERT` rows per expert on average, on one
-thread: at more torch threads oneDNN uses them all, and the per-machine measurement
-(keyed by thread count) decides (at 2 threads here it still paid: 0.46 ms per weight
-against 0.59).
+:data:`MAX_ROWS_PER_EXPERT` rows per expert on average. At more than one torch thread it
+splits the outputs between them in torch's own OpenMP runtime (the library is built with
+``-fopenmp`` and binds to the libgomp torch has loaded, so the threads are torch's, already
+awake: a pool of our own measured slower in an engine, its threads contending with
+torch's spinning ones): at 2 threads 0.28 ms per weight at one row against 0.44 on one
+thread and oneDNN's 0.52 on two. The per-machine measurement is keyed by thread count.
 
 The model's own bf16 linears of a decode step (attention projections, the LM head) take it
 too (:mod:`.cpu_bf16`'s :func:`~moefleet.models.cpu_bf16.linear`), as a segment of one.
@@ -62,6 +64,8 @@ _log = logging.getLogger(__name__)
 MAX_ROWS_PER_EXPERT = 12
 _PAYS = MeasuredSwitch("MOEFLEET_CPU_DPBF16", "cpu_dpbf16.json", lambda: _measure())
 _FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-shared", "-fPIC")
+# Tried first; a compiler without OpenMP builds the one-thread kernel
+_OPENMP = ("-fopenmp",)
 SOURCE = Path(__file__).with_name("cpu_dpbf16.c")
 
 
@@ -86,20 +90,23 @@ def _library() -> Any:
     if cc is None:
         raise RuntimeError("no C compiler (cc, gcc or $CC) on PATH")
     src = SOURCE.read_bytes()
-    digest = hashlib.sha256(src + " ".join(_FLAGS).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(src + " ".join(_FLAGS + _OPENMP).encode()).hexdigest()[:16]
     out = cache_dir() / "kernels" / f"cpu_dpbf16-{digest}.so"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             built = Path(tmp) / out.name
-            res = subprocess.run([cc, *_FLAGS, str(SOURCE), "-o", str(built)],
-                                 capture_output=True, text=True, timeout=120)
+            for extra in (_OPENMP, ()):
+                res = subprocess.run([cc, *_FLAGS, *extra, str(SOURCE), "-o", str(built)],
+                                     capture_output=True, text=True, timeout=120)
+                if res.returncode == 0:
+                    break
             if res.returncode != 0:
                 raise RuntimeError(f"{cc} failed: {res.stderr.strip()[:300]}")
             os.replace(built, out)  # atomic: a concurrent build replaces, never tears
     lib = ctypes.CDLL(str(out))
     lib.segments_bf16.restype = None
-    lib.segments_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 6
+    lib.segments_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 8
     return lib
 
 
@@ -166,7 +173,9 @@ def linear(x_MI: torch.Tensor, w_OI: torch.Tensor, bias: torch.Tensor | None = N
 
 def segments(a_PI: torch.Tensor, w_EOI: torch.Tensor, ends_E: torch.Tensor) -> torch.Tensor:
     """Rows of segment e (ending at ``ends_E[e]``) times ``w_EOI[e]``^T, ``[P, O]``; rows
-    past the last end are 0. Call only where :func:`runs` holds."""
+    past the last end are 0. Call only where :func:`runs` holds. At more than one torch
+    thread the outputs are split between that many of torch's own OpenMP threads, each
+    reading its own rows of every weight."""
     a = a_PI.contiguous()
     ends = ends_E.to(torch.int64).contiguous()
     n_pairs, width = a.shape
@@ -174,8 +183,13 @@ def segments(a_PI: torch.Tensor, w_EOI: torch.Tensor, ends_E: torch.Tensor) -> t
     out = torch.empty(n_pairs, n_out, dtype=a.dtype)
     _library().segments_bf16(a.data_ptr(), w_EOI.data_ptr(), ends.data_ptr(), out.data_ptr(),
                              n_pairs, n_experts, n_out, width, w_EOI.stride(0),
-                             w_EOI.stride(1))
+                             w_EOI.stride(1), torch.get_num_threads(), MIN_SPLIT_ELEMENTS)
     return out
+
+
+# Calls with weights under this many elements (a small linear) stay on one thread, where
+# waking the others would cost more than it saves.
+MIN_SPLIT_ELEMENTS = 1 << 20
 
 
 def _measure(reps: int = 5) -> dict[str, Any]:
