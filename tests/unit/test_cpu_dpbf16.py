@@ -90,6 +90,27 @@ def test_split_between_threads_the_result_is_the_same(threads: int,
 
 
 @needs_kernel
+def test_a_compiler_without_openmp_builds_the_one_thread_kernel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(2, 64, 64, generator=g).to(BF16)
+    a = torch.randn(5, 64, generator=g).to(BF16)
+    ends = torch.tensor([2, 5])
+    want = cpu_dpbf16.segments(a, w, ends)
+    monkeypatch.setattr(cpu_dpbf16, "_OPENMP", ("-fno-such-flag-here",))  # the build fails
+    monkeypatch.setattr(cpu_dpbf16, "MIN_SPLIT_ELEMENTS", 0)
+    cpu_dpbf16._library.cache_clear()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        got = cpu_dpbf16.segments(a, w, ends)
+    finally:
+        torch.set_num_threads(before)
+        cpu_dpbf16._library.cache_clear()
+    assert torch.equal(got, want)
+
+
+@needs_kernel
 def test_a_linear_through_it_equals_f_linear() -> None:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 64, generator=g).to(BF16)

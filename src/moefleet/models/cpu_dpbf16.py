@@ -81,33 +81,41 @@ def cpu_has_bf16_units() -> bool:
 
 @functools.cache
 def _library() -> Any:
-    """The compiled kernel (built into ``<cache>/kernels`` once per source), or raises."""
-    from moefleet.paths import cache_dir
-
+    """The compiled kernel (built into ``<cache>/kernels`` once per source and flags), or
+    raises. The OpenMP build first; where the compiler has no OpenMP, or its build does
+    not load beside torch's libgomp, the one-thread build."""
     if not cpu_has_bf16_units():
         raise RuntimeError("this CPU has no AVX512-BF16")
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise RuntimeError("no C compiler (cc, gcc or $CC) on PATH")
-    src = SOURCE.read_bytes()
-    digest = hashlib.sha256(src + " ".join(_FLAGS + _OPENMP).encode()).hexdigest()[:16]
+    try:
+        lib = ctypes.CDLL(str(_built(cc, _OPENMP)))
+    except (OSError, RuntimeError) as err:
+        _log.info("the OpenMP build of the AVX512-BF16 kernel is out (%s): one thread", err)
+        lib = ctypes.CDLL(str(_built(cc, ())))
+    lib.segments_bf16.restype = None
+    lib.segments_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 8
+    return lib
+
+
+def _built(cc: str, extra: tuple[str, ...]) -> Path:
+    """The kernel built with ``extra`` flags, from the cache or compiled into it now."""
+    from moefleet.paths import cache_dir
+
+    flags = (*_FLAGS, *extra)
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
     out = cache_dir() / "kernels" / f"cpu_dpbf16-{digest}.so"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             built = Path(tmp) / out.name
-            for extra in (_OPENMP, ()):
-                res = subprocess.run([cc, *_FLAGS, *extra, str(SOURCE), "-o", str(built)],
-                                     capture_output=True, text=True, timeout=120)
-                if res.returncode == 0:
-                    break
+            res = subprocess.run([cc, *flags, str(SOURCE), "-o", str(built)],
+                                 capture_output=True, text=True, timeout=120)
             if res.returncode != 0:
                 raise RuntimeError(f"{cc} failed: {res.stderr.strip()[:300]}")
             os.replace(built, out)  # atomic: a concurrent build replaces, never tears
-    lib = ctypes.CDLL(str(out))
-    lib.segments_bf16.restype = None
-    lib.segments_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 8
-    return lib
+    return out
 
 
 def pays() -> bool:
