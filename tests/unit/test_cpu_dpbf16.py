@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from moefleet.experts import kernels
 from moefleet.models import cpu_dpbf16
+from tests.bench_helpers import load_benchmark
 
 BF16 = torch.bfloat16
 
@@ -191,15 +192,7 @@ def test_a_bf16_models_linears_take_it_and_say_so(monkeypatch: pytest.MonkeyPatc
 
 
 def _bench() -> Any:
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "cpu_expert_kernel.py"
-    spec = importlib.util.spec_from_file_location("cpu_expert_kernel", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("cpu_expert_kernel")
 
 
 @pytest.mark.parametrize("args", [["--shapes", "64x48"], ["--rows", "0"], ["--shapes", "x"],

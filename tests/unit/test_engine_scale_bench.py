@@ -5,26 +5,15 @@ brownout ratios, and the refusal of an unknown run name."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.bench_helpers import load_benchmark
 
 
 def _module() -> Any:
-    sys.path.insert(0, str(BENCH))  # the script's sibling imports (hf_baseline, scale_*)
-    try:
-        spec = importlib.util.spec_from_file_location("engine_scale", BENCH / "engine_scale.py")
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(BENCH))
+    return load_benchmark("engine_scale")
 
 
 def _run(tps: float, **extra: Any) -> dict[str, Any]:

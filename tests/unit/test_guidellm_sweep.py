@@ -4,12 +4,13 @@ guidellm itself is not installed here (it pins its own torch); the sweep is a be
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from tests.bench_helpers import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "guidellm_sweep.py"
@@ -17,11 +18,7 @@ RESULT = ROOT / "benchmarks" / "results" / "guidellm_sweep.json"
 
 
 def _module() -> Any:
-    spec = importlib.util.spec_from_file_location("guidellm_sweep", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("guidellm_sweep")
 
 
 def test_summary_matches_the_committed_guidellm_report() -> None:

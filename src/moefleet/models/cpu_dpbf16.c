@@ -16,9 +16,7 @@
 #include <omp.h>
 #endif
 
-#ifndef CHUNK
-#define CHUNK 16
-#endif
+#define CHUNK 16 /* the most rows of one pass (accumulators: 16 of the 32 registers) */
 
 static inline uint16_t to_bf16(float f) {
     uint32_t u;

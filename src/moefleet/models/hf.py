@@ -88,8 +88,8 @@ class HFMoEAdapter(MoEModelAdapter):
         self._moe = [i for i, b in enumerate(self.blocks) if hasattr(b.mlp, "experts")]
         # DeepSeek-V2's MLA caches a latent that its attention expands per cached slot
         self.latent_cache = self.family == "deepseek_v2"
-        self._paged_attn: dict[int, nn.Module] = {}  # layer -> paged_module(self_attn)
-        self._decode_attn: dict[int, nn.Module] = {}  # layer -> its CPU decode copy
+        # (layer, attention implementation) -> the layer's attention module running it
+        self._attn_copies: dict[tuple[int, str], nn.Module] = {}
 
     # -- structure -------------------------------------------------------------------
     @property
@@ -228,17 +228,18 @@ class HFMoEAdapter(MoEModelAdapter):
         product form for one-token queries on the CPU, SDPA itself otherwise)."""
         paged = sys.modules.get("moefleet.models.paged")  # not imported: no paged step ran
         if paged is not None and isinstance(mask, paged.PagedMask):
-            if layer not in self._paged_attn:
-                self._paged_attn[layer] = paged.paged_module(self.blocks[layer].self_attn)
-            return self._paged_attn[layer]
-        if self.config._attn_implementation != "sdpa":
-            return self.blocks[layer].self_attn
-        if layer not in self._decode_attn:
-            from moefleet.models import cpu_attention
+            impl = paged.PAGED_IMPL
+        elif self.config._attn_implementation == "sdpa":
+            from moefleet.models import cpu_attention  # registers its implementation
 
-            self._decode_attn[layer] = with_implementation(self.blocks[layer].self_attn,
-                                                           cpu_attention.CPU_DECODE_IMPL)
-        return self._decode_attn[layer]
+            impl = cpu_attention.CPU_DECODE_IMPL
+        else:
+            return self.blocks[layer].self_attn
+        copy = self._attn_copies.get((layer, impl))
+        if copy is None:
+            copy = self._attn_copies[layer, impl] = with_implementation(
+                self.blocks[layer].self_attn, impl)
+        return copy
 
     def pre_moe(
         self, layer: int, h_BTD: torch.Tensor, ctx: ForwardContext

@@ -25,8 +25,8 @@ latent (DeepSeek-V2's MLA) are exact here too, but their attention module expand
 How HF modules reach it: the function is registered with transformers'
 ``AttentionInterface`` as :data:`PAGED_IMPL`; the adapter calls, in paged steps, a
 shallow copy of each attention module whose config copy names that implementation
-(:func:`paged_module`), so the model's own config, and every other caller of it, is
-untouched.
+(:func:`moefleet.models.attention.with_implementation`), so the model's own config,
+and every other caller of it, is untouched.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from transformers import AttentionInterface
 
-from moefleet.models.attention import with_implementation
 from moefleet.models.kv import KVCacheError, StepCacheView
 
 PAGED_IMPL = "moefleet_paged"
@@ -171,12 +170,6 @@ def paged_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
                     enable_gqa=query.shape[1] != key.shape[1],
                     kernel_options=attention_mask.kernel_options)
     return out_BHTD.transpose(1, 2).contiguous(), None
-
-
-def paged_module(module: nn.Module) -> nn.Module:
-    """A shallow copy of an HF attention module that dispatches to :data:`PAGED_IMPL`
-    (:func:`moefleet.models.attention.with_implementation`)."""
-    return with_implementation(module, PAGED_IMPL)
 
 
 AttentionInterface.register(PAGED_IMPL, paged_attention_forward)
